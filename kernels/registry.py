@@ -1,0 +1,149 @@
+"""Which fused embedding backends exist, which import here, and which one a run gets.
+
+    create_embedding_bag(None, tables, optimizer)        # the default for the device
+    create_embedding_bag("reference", tables, optimizer)  # a named one, or ValueError saying why not
+
+Default priority: "triton" on CUDA (when one is registered and imports), then "fbgemm" when
+fbgemm_gpu imports, else "reference". Availability checks run once and are cached; an optional
+library that fails to import with any exception (ImportError, OSError from a missing .so,
+RuntimeError from a torch-version mismatch) makes its backend unavailable, never the package.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .base import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
+
+__all__ = [
+    "register_backend",
+    "available_backends",
+    "default_backend",
+    "create_embedding_bag",
+    "backend_report",
+    "backend_unavailable_reason",
+]
+
+# factory(tables, optimizer, *, feature_table_map, feature_names, device, weight_dtype, seed)
+BackendFactory = Callable[..., FusedEmbeddingBag]
+_PRIORITY_CUDA: tuple[str, ...] = ("triton", "fbgemm", "reference")
+_PRIORITY_CPU: tuple[str, ...] = ("fbgemm", "reference")
+
+
+@dataclass(frozen=True)
+class _Backend:
+    factory: BackendFactory
+    available: Callable[[], bool]
+    reason: Callable[[], str]  # why it is unavailable ("" when available)
+
+
+_BACKENDS: dict[str, _Backend] = {}
+
+
+def register_backend(
+    name: str,
+    factory: BackendFactory,
+    available: Callable[[], bool],
+    reason: Callable[[], str] | None = None,
+) -> None:
+    """Register (or replace) a backend. ``available`` should be cheap after its first call."""
+    _BACKENDS[name] = _Backend(factory, available, reason or (lambda: "its availability check returned False"))
+
+
+def _is_available(name: str) -> bool:
+    try:
+        return bool(_BACKENDS[name].available())
+    except Exception:  # an availability probe must never take the caller down
+        return False
+
+
+def available_backends() -> list[str]:
+    """Names of the registered backends that can run here, in registration order."""
+    return [name for name in _BACKENDS if _is_available(name)]
+
+
+def backend_unavailable_reason(name: str) -> str:
+    """Why ``name`` cannot run here ("" when it can)."""
+    if name not in _BACKENDS:
+        return f"no backend named {name!r} is registered (registered: {sorted(_BACKENDS)})"
+    return "" if _is_available(name) else _BACKENDS[name].reason()
+
+
+def default_backend(device: torch.device | str = "cpu") -> str:
+    """The fastest available backend for ``device``."""
+    priority = _PRIORITY_CUDA if torch.device(device).type == "cuda" else _PRIORITY_CPU
+    for name in priority:
+        if name in _BACKENDS and _is_available(name):
+            return name
+    return "reference"
+
+
+def create_embedding_bag(
+    backend: str | None,
+    tables: Sequence[TableSpec],
+    optimizer: SparseOptimizerSpec,
+    *,
+    feature_table_map: Sequence[int] | None = None,
+    feature_names: Sequence[str] | None = None,
+    device: torch.device | str = "cpu",
+    weight_dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> FusedEmbeddingBag:
+    """Build a backend by name; None or "auto" picks ``default_backend(device)``."""
+    name = default_backend(device) if backend in (None, "auto") else backend
+    assert name is not None
+    if name not in _BACKENDS or not _is_available(name):
+        raise ValueError(
+            f"embedding backend {name!r} is not available: {backend_unavailable_reason(name)}. "
+            f"Available here: {available_backends()}"
+        )
+    return _BACKENDS[name].factory(
+        tables,
+        optimizer,
+        feature_table_map=feature_table_map,
+        feature_names=feature_names,
+        device=device,
+        weight_dtype=weight_dtype,
+        seed=seed,
+    )
+
+
+def backend_report(device: torch.device | str = "cpu") -> str:
+    """One line for logs, e.g. 'kernel backends: reference, fbgemm (default: fbgemm)'."""
+    line = f"kernel backends: {', '.join(available_backends())} (default: {default_backend(device)})"
+    missing = [n for n in _BACKENDS if not _is_available(n)]
+    if missing:
+        line += "; unavailable: " + "; ".join(f"{n} ({backend_unavailable_reason(n)})" for n in missing)
+    return line
+
+
+# ---- built-in backends ---------------------------------------------------------------------
+@functools.cache
+def _fbgemm_probe() -> str:
+    """Import fbgemm_gpu's TBE once; "" on success, else the reason it failed."""
+    try:
+        importlib.import_module("fbgemm_gpu.split_table_batched_embeddings_ops_training")
+    except Exception as e:  # noqa: BLE001 - OSError/RuntimeError are as common as ImportError
+        first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        return f"fbgemm_gpu failed to import ({type(e).__name__}: {first_line})"
+    return ""
+
+
+def _lazy_factory(module: str, cls: str) -> BackendFactory:
+    def factory(*args: object, **kwargs: object) -> FusedEmbeddingBag:
+        return getattr(importlib.import_module(module, __package__), cls)(*args, **kwargs)
+
+    return factory
+
+
+register_backend("reference", _lazy_factory(".reference", "ReferenceEmbeddingBag"), lambda: True)
+register_backend(
+    "fbgemm",
+    _lazy_factory(".fbgemm_backend", "FbgemmEmbeddingBag"),
+    lambda: _fbgemm_probe() == "",
+    _fbgemm_probe,
+)

@@ -1,0 +1,121 @@
+"""The collective interface: every byte the sharding code moves between ranks goes through here.
+
+Four collectives, all "v" (per-peer sizes, along dim 0 of the tensor; trailing dims ride along):
+
+    all_to_all_v(x, in_splits, out_splits)   x (sum in_splits, *S) -> (sum out_splits, *S)
+                                             rows [off_j, off_j + in_splits[j]) go to rank j
+    reduce_scatter_v(x, splits)              x (sum splits, *S) on every rank -> (splits[rank], *S):
+                                             the sum over ranks of each rank's segment `rank`
+    all_gather_v(x, sizes)                   x (sizes[rank], *S) -> (sum sizes, *S), rank 0 first
+    all_reduce(x, op)                        in place, x on every rank -> sum (or max) over ranks
+
+Each takes ``async_op``: False returns the result, True returns a ``Handle`` whose ``wait()``
+returns it. Each takes a ``tag`` naming the training phase (``input_dist``, ``output_dist``, ...)
+so a tracer can label the traffic. Every collective has a timeout: a peer that never arrives
+raises ``CollectiveError`` naming the collective, the rank and the group, never a hang.
+
+``Communicator`` is abstract so that schedules, codecs and tracers can stand in for the native
+torch.distributed backend without touching the sharding code.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["Communicator", "Handle", "CollectiveError", "check_splits"]
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out; the message names it, the rank and the group."""
+
+
+@dataclass
+class Handle:
+    """An in-flight collective; ``wait()`` blocks (up to the timeout) and returns the result."""
+
+    _wait: Callable[[], torch.Tensor]
+    _done: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        if self._done is None:
+            self._done = self._wait()
+        return self._done
+
+
+def check_splits(name: str, splits: Sequence[int], world_size: int, total: int | None = None) -> list[int]:
+    """Validate per-peer sizes: W non-negative ints (summing to ``total`` when given)."""
+    s = [int(v) for v in splits]
+    if len(s) != world_size:
+        raise ValueError(f"{name}: {len(s)} split sizes for a world of {world_size}")
+    if any(v < 0 for v in s):
+        raise ValueError(f"{name}: negative split size in {s}")
+    if total is not None and sum(s) != total:
+        raise ValueError(f"{name}: split sizes {s} sum to {sum(s)}, tensor has {total} rows")
+    return s
+
+
+class Communicator(ABC):
+    """The collectives of one process group (the whole job, a node, or ranks across nodes)."""
+
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def all_to_all_v(
+        self,
+        x: torch.Tensor,
+        in_splits: Sequence[int],
+        out_splits: Sequence[int],
+        *,
+        async_op: bool = False,
+        tag: str = "",
+    ) -> torch.Tensor | Handle: ...
+
+    @abstractmethod
+    def all_gather_v(
+        self, x: torch.Tensor, sizes: Sequence[int], *, async_op: bool = False, tag: str = ""
+    ) -> torch.Tensor | Handle: ...
+
+    @abstractmethod
+    def all_reduce(
+        self, x: torch.Tensor, op: str = "sum", *, async_op: bool = False, tag: str = ""
+    ) -> torch.Tensor | Handle: ...
+
+    def reduce_scatter_v(
+        self, x: torch.Tensor, splits: Sequence[int], *, async_op: bool = False, tag: str = ""
+    ) -> torch.Tensor | Handle:
+        """Default: one all-to-all of the segments, then a local sum in rank order.
+
+        Each rank sends segment j to rank j and receives W copies of its own segment, summed in
+        rank order (so every run sums in the same order: deterministic). Backends with a native
+        reduce-scatter may override.
+        """
+        W = self.world_size
+        s = check_splits("reduce_scatter_v", splits, W, x.shape[0])
+        mine = s[self.rank]
+        h = self.all_to_all_v(x, s, [mine] * W, async_op=True, tag=tag)
+
+        def finish() -> torch.Tensor:
+            parts = h.wait().view(W, mine, *x.shape[1:])
+            return parts.sum(dim=0) if W > 1 else parts[0].clone()
+
+        return Handle(finish) if async_op else finish()
+
+    def split_sizes(self, my_sizes: Sequence[int], *, tag: str = "") -> list[int]:
+        """Exchange per-peer counts: returns how many rows each peer will send to this rank.
+
+        The first half of every "v" exchange (split sizes first, then values).
+        """
+        t = torch.tensor(list(my_sizes), dtype=torch.int64)
+        out = self.all_to_all_v(t, [1] * self.world_size, [1] * self.world_size, tag=tag)
+        return [int(v) for v in out.tolist()]
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    @abstractmethod
+    def subgroup(self, ranks: Sequence[int]) -> "Communicator":
+        """A communicator over ``ranks`` (global rank numbers); every rank must call it."""

@@ -1,0 +1,482 @@
+"""Configuration: frozen dataclasses with one docstring per field, TOML in/out, presets.
+
+    cfg = preset("small")                        # or Config.load("my.toml")
+    cfg = cfg.replace(train=cfg.train.replace(steps=50))
+    cfg.dump("out.toml"); assert Config.load("out.toml") == cfg
+
+Every dataclass validates itself in ``__post_init__`` and names the bad field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TableConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "DataConfig",
+    "Config",
+    "preset",
+    "PRESETS",
+    "CRITEO_KAGGLE_CARDINALITIES",
+]
+
+INTERACTIONS = ("dot", "cat", "dcn")
+POOLINGS = ("sum", "mean")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+DATA_SOURCES = ("synthetic", "criteo")
+ID_MODES = ("strict", "modulo")
+
+
+def _check(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{where}: {msg}")
+
+
+class _Replace:
+    def replace(self, **changes: Any):
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TableConfig(_Replace):
+    """One embedding table and the sparse features that look it up."""
+
+    name: str
+    """Table name; unique within a model."""
+    num_rows: int
+    """Number of rows (the id space of every feature that uses this table)."""
+    dim: int
+    """Embedding dimension D."""
+    pooling: str = "sum"
+    """How a bag of ids is pooled: 'sum' or 'mean'."""
+    pooling_factor: float = 1.0
+    """Mean number of ids per bag (the synthetic generator draws bag lengths around it)."""
+    feature_names: tuple[str, ...] = ()
+    """Features looking up this table; empty means one feature named like the table."""
+    zipf_alpha: float | None = None
+    """Power-law exponent of this table's synthetic ids; None uses DataConfig.zipf_alpha."""
+
+    def __post_init__(self) -> None:
+        w = f"table '{self.name}'"
+        _check(bool(self.name), "table", "name must be non-empty")
+        _check(self.num_rows >= 1, w, f"num_rows must be >= 1, got {self.num_rows}")
+        _check(self.dim >= 1, w, f"dim must be >= 1, got {self.dim}")
+        _check(self.pooling in POOLINGS, w, f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        _check(self.pooling_factor >= 0, w, f"pooling_factor must be >= 0, got {self.pooling_factor}")
+        _check(self.zipf_alpha is None or self.zipf_alpha >= 0, w, f"zipf_alpha must be >= 0, got {self.zipf_alpha}")
+        if not self.feature_names:
+            object.__setattr__(self, "feature_names", (self.name,))
+        object.__setattr__(self, "feature_names", tuple(self.feature_names))
+        _check(len(set(self.feature_names)) == len(self.feature_names), w, "duplicate feature names")
+
+    @property
+    def num_params(self) -> int:
+        return self.num_rows * self.dim
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Replace):
+    """A DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP."""
+
+    tables: tuple[TableConfig, ...]
+    """The embedding tables, in feature order."""
+    num_dense_features: int = 13
+    """Width of the dense input (13 for Criteo)."""
+    bottom_mlp: tuple[int, ...] = (64, 16)
+    """Bottom MLP layer widths; the last is the dense embedding width."""
+    top_mlp: tuple[int, ...] = (64, 32)
+    """Top MLP hidden widths; a final 1-wide logit layer is always appended."""
+    interaction: str = "dot"
+    """'dot' (pairwise dot products, strict upper triangle), 'cat' (concatenation) or 'dcn' (DCNv2)."""
+    dcn_num_layers: int = 2
+    """Number of DCNv2 cross layers (interaction = 'dcn')."""
+    dcn_low_rank: int = 0
+    """Rank of the DCNv2 cross weight (0 = full rank)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
+        object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
+        _check(len(self.tables) >= 1, "model.tables", "at least one table is required")
+        names = [t.name for t in self.tables]
+        dup = {n for n in names if names.count(n) > 1}
+        _check(not dup, "model.tables", f"duplicate table names {sorted(dup)}")
+        feats = [f for t in self.tables for f in t.feature_names]
+        dupf = {f for f in feats if feats.count(f) > 1}
+        _check(not dupf, "model.tables", f"feature(s) {sorted(dupf)} used by more than one table")
+        _check(self.num_dense_features >= 1, "model.num_dense_features", f"must be >= 1, got {self.num_dense_features}")
+        _check(len(self.bottom_mlp) >= 1 and min(self.bottom_mlp) >= 1, "model.bottom_mlp", f"needs >= 1 positive widths, got {self.bottom_mlp}")
+        _check(all(w >= 1 for w in self.top_mlp), "model.top_mlp", f"widths must be positive, got {self.top_mlp}")
+        _check(self.interaction in INTERACTIONS, "model.interaction", f"must be one of {INTERACTIONS}, got {self.interaction!r}")
+        _check(self.dcn_num_layers >= 1, "model.dcn_num_layers", f"must be >= 1, got {self.dcn_num_layers}")
+        _check(self.dcn_low_rank >= 0, "model.dcn_low_rank", f"must be >= 0, got {self.dcn_low_rank}")
+        if self.interaction == "dot":
+            d = self.bottom_mlp[-1]
+            for t in self.tables:
+                _check(
+                    t.dim == d,
+                    f"table '{t.name}'",
+                    f"dim {t.dim} differs from bottom_mlp[-1] = {d}; the 'dot' interaction needs "
+                    "every embedding as wide as the dense embedding (use interaction 'cat' or 'dcn')",
+                )
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """All sparse features in batch order (tables in order, each table's features in order)."""
+        return tuple(f for t in self.tables for f in t.feature_names)
+
+    @property
+    def num_embedding_params(self) -> int:
+        return sum(t.num_params for t in self.tables)
+
+    def table(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"no table named '{name}'")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Replace):
+    """The training loop."""
+
+    batch_size: int = 256
+    """Per-rank batch size (as in TorchRec and Neo); the global batch is batch_size * world size."""
+    steps: int = 200
+    """Number of training steps."""
+    dense_optimizer: str = "adagrad"
+    """Optimizer of the dense (MLP) parameters: 'sgd', 'adagrad' or 'adam'."""
+    dense_lr: float = 0.05
+    """Learning rate of the dense optimizer."""
+    sparse_optimizer: str = "rowwise_adagrad"
+    """Optimizer fused into the embedding backward: 'sgd', 'adagrad', 'rowwise_adagrad' or 'adam'."""
+    sparse_lr: float = 0.05
+    """Learning rate of the fused sparse optimizer."""
+    eps: float = 1e-8
+    """Epsilon of the adaptive optimizers (dense and sparse)."""
+    weight_decay: float = 0.0
+    """L2 weight decay of both optimizers."""
+    seed: int = 0
+    """Seed of parameter initialisation and of the synthetic data stream."""
+    eval_every: int = 0
+    """Evaluate every this many steps (0: only at the end)."""
+    eval_batches: int = 20
+    """Number of held-out batches per evaluation."""
+    log_every: int = 10
+    """Write TensorBoard scalars every this many steps."""
+    kernel_backend: str = "auto"
+    """Embedding kernel backend: 'auto', 'reference', 'fbgemm' or 'triton'."""
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _check(self.dense_optimizer in DENSE_OPTIMIZERS, "train.dense_optimizer", f"must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
+        _check(self.sparse_optimizer in SPARSE_OPTIMIZERS, "train.sparse_optimizer", f"must be one of {SPARSE_OPTIMIZERS}, got {self.sparse_optimizer!r}")
+        _check(self.dense_lr >= 0, "train.dense_lr", f"must be >= 0, got {self.dense_lr}")
+        _check(self.sparse_lr >= 0, "train.sparse_lr", f"must be >= 0, got {self.sparse_lr}")
+        _check(self.eps > 0, "train.eps", f"must be > 0, got {self.eps}")
+        _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _check(self.eval_every >= 0, "train.eval_every", f"must be >= 0, got {self.eval_every}")
+        _check(self.eval_batches >= 1, "train.eval_batches", f"must be >= 1, got {self.eval_batches}")
+        _check(self.log_every >= 1, "train.log_every", f"must be >= 1, got {self.log_every}")
+
+
+@dataclass(frozen=True)
+class DataConfig(_Replace):
+    """Where batches come from."""
+
+    source: str = "synthetic"
+    """'synthetic' (power-law ids, labels from a hidden teacher) or 'criteo' (TSV files)."""
+    path: str = ""
+    """Criteo training TSV (label, 13 integer and 26 hex categorical columns)."""
+    eval_path: str = ""
+    """Criteo held-out TSV; empty uses the tail of `path` beyond what training reads."""
+    zipf_alpha: float = 1.1
+    """Default power-law exponent of synthetic ids (P(rank k) ~ k^-alpha)."""
+    teacher_seed: int = 1234
+    """Seed of the fixed hidden teacher that labels synthetic data (independent of train.seed)."""
+    teacher_scale: float = 2.5
+    """Scale of the teacher's logits: larger means cleaner labels and a higher reachable AUC."""
+    id_mode: str = "strict"
+    """'strict': an id outside a table is an error; 'modulo': ids are hashed into the table (id % rows)."""
+
+    def __post_init__(self) -> None:
+        _check(self.source in DATA_SOURCES, "data.source", f"must be one of {DATA_SOURCES}, got {self.source!r}")
+        _check(self.zipf_alpha >= 0, "data.zipf_alpha", f"must be >= 0, got {self.zipf_alpha}")
+        _check(self.teacher_scale >= 0, "data.teacher_scale", f"must be >= 0, got {self.teacher_scale}")
+        _check(self.id_mode in ID_MODES, "data.id_mode", f"must be one of {ID_MODES}, got {self.id_mode!r}")
+        _check(self.source != "criteo" or bool(self.path), "data.path", "the 'criteo' source needs a path")
+
+
+@dataclass(frozen=True)
+class Config(_Replace):
+    """A whole run: model, training loop and data."""
+
+    model: ModelConfig
+    """The DLRM."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Where batches come from."""
+    name: str = "custom"
+    """A label for logs (the preset's name, or the config file's)."""
+
+    # ---- TOML -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Config":
+        return _from_plain(cls, d, "config")
+
+    def dumps(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(self.dumps())
+
+    @classmethod
+    def loads(cls, text: str) -> "Config":
+        try:
+            d = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config: not valid TOML: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Config":
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"config file {p} does not exist")
+        try:
+            return cls.loads(p.read_text())
+        except ValueError as e:
+            raise ValueError(f"{p}: {e}") from None
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if v is None:  # TOML has no null: an absent key means the default (None)
+                continue
+            out[f.name] = _to_plain(v)
+        return out
+    if isinstance(obj, (tuple, list)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _from_plain(cls: type, d: Any, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a table, got {type(d).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown} (known: {sorted(names)})")
+    kwargs = {}
+    for name, value in d.items():
+        kwargs[name] = _coerce(hints[name], value, f"{where}.{name}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _from_plain(tp, value, where)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in args if a is not type(None)]
+        return None if value is None else _coerce(inner[0], value, where)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise ValueError(f"{where}: expected {tp.__name__}, got {value!r}")
+    if tp is int and isinstance(value, bool):
+        raise ValueError(f"{where}: expected int, got {value!r}")
+    return value
+
+
+# ---- presets ------------------------------------------------------------------------------------
+
+CRITEO_KAGGLE_CARDINALITIES: tuple[int, ...] = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)
+"""Distinct values of the 26 categorical columns of the Criteo Kaggle (Display Advertising) set."""
+
+
+def _scaled(rows: float, row_scale: float) -> int:
+    return max(1, int(round(rows * row_scale)))
+
+
+def _tiny(row_scale: float) -> Config:
+    rows = (100, 37, 250, 1)
+    pooling = ("sum", "mean", "sum", "sum")
+    factors = (1.0, 3.0, 2.0, 1.0)
+    tables = tuple(
+        TableConfig(f"t{i}", _scaled(r, row_scale), 8, pooling=p, pooling_factor=lf)
+        for i, (r, p, lf) in enumerate(zip(rows, pooling, factors))
+    )
+    return Config(
+        ModelConfig(tables, num_dense_features=13, bottom_mlp=(16, 8), top_mlp=(16,), interaction="dot"),
+        TrainConfig(batch_size=32, steps=20, eval_batches=4, log_every=5),
+        name="tiny",
+    )
+
+
+def _small(row_scale: float) -> Config:
+    rows = (50_000, 20_000, 10_000, 5_000, 2_000, 1_000, 500, 100)
+    factors = (1.0, 4.0, 1.0, 8.0, 2.0, 1.0, 3.0, 1.0)
+    pooling = ("sum", "mean", "sum", "mean", "sum", "sum", "mean", "sum")
+    tables = tuple(
+        TableConfig(f"t{i}", _scaled(r, row_scale), 16, pooling=p, pooling_factor=lf)
+        for i, (r, lf, p) in enumerate(zip(rows, factors, pooling))
+    )
+    return Config(
+        ModelConfig(tables, num_dense_features=13, bottom_mlp=(64, 32, 16), top_mlp=(64, 32), interaction="dot"),
+        TrainConfig(batch_size=256, steps=300, eval_batches=20, log_every=10),
+        name="small",
+    )
+
+
+def _criteo_kaggle(row_scale: float) -> Config:
+    tables = tuple(
+        TableConfig(f"cat_{i}", _scaled(r, row_scale), 16, pooling_factor=1.0, feature_names=(f"C{i + 1}",))
+        for i, r in enumerate(CRITEO_KAGGLE_CARDINALITIES)
+    )
+    return Config(
+        ModelConfig(tables, num_dense_features=13, bottom_mlp=(512, 256, 64, 16), top_mlp=(512, 256), interaction="dot"),
+        TrainConfig(batch_size=2048, steps=1000),
+        name="criteo_kaggle",
+    )
+
+
+def _shaped_tables(
+    prefix: str,
+    count: int,
+    total_params: float,
+    dims: np.ndarray,
+    pooling_mean: float,
+    row_scale: float,
+    seed: int,
+) -> tuple[TableConfig, ...]:
+    """``count`` tables with the given dims whose rows follow a log-normal spread summing to
+    ``total_params`` parameters (the production skew: a few huge tables, many small ones), and
+    per-table pooling factors with mean ``pooling_mean``. Deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    raw_rows = rng.lognormal(mean=0.0, sigma=1.5, size=count)
+    rows = raw_rows * total_params / float((raw_rows * dims).sum())
+    lf = rng.gamma(shape=2.0, scale=pooling_mean / 2.0, size=count)
+    lf = lf * pooling_mean / lf.mean()
+    return tuple(
+        TableConfig(
+            f"{prefix}{i}",
+            _scaled(rows[i], row_scale),
+            int(dims[i]),
+            pooling="sum",
+            pooling_factor=round(float(lf[i]), 2),
+        )
+        for i in range(count)
+    )
+
+
+def _model_a(row_scale: float) -> Config:
+    # Neo, Table 3: ~793B parameters, ~1000 tables, dims [4, 384] avg 93, avg pooling 15,
+    # 20-layer MLPs of avg width 3375, local batch 512 per GPU.
+    rng = np.random.default_rng(17)
+    choices = np.array([4, 8, 16, 32, 64, 96, 128, 192, 256, 384])
+    probs = np.array([0.05, 0.08, 0.12, 0.14, 0.17, 0.12, 0.12, 0.08, 0.06, 0.06])
+    dims = rng.choice(choices, size=1000, p=probs / probs.sum())
+    tables = _shaped_tables("a", 1000, 793e9, dims, 15.0, row_scale, seed=18)
+    width = 3375
+    return Config(
+        ModelConfig(
+            tables,
+            num_dense_features=13,
+            bottom_mlp=(width,) * 19 + (128,),
+            top_mlp=(width,) * 20,
+            interaction="cat",
+        ),
+        TrainConfig(batch_size=512, steps=100),
+        name="model_a",
+    )
+
+
+def _model_f(row_scale: float) -> Config:
+    # Neo, Table 3: 12T parameters, ~10s of tables, dim 256, avg pooling 20, 7 MLP layers of 490,
+    # local batch 512; one massive table that fits no single GPU.
+    dims = np.full(24, 256)
+    tables = list(_shaped_tables("f", 24, 12e12 * 0.25, dims, 20.0, row_scale, seed=19))
+    big = TableConfig("f_huge", _scaled(12e12 * 0.75 / 256, row_scale), 256, pooling_factor=20.0)
+    return Config(
+        ModelConfig(
+            tuple([big] + tables),
+            num_dense_features=13,
+            bottom_mlp=(490, 490, 490, 256),
+            top_mlp=(490, 490, 490),
+            interaction="dot",
+        ),
+        TrainConfig(batch_size=512, steps=100),
+        name="model_f",
+    )
+
+
+def _model_i(row_scale: float) -> Config:
+    # Neo, Table 3: 332B parameters, ~100s of tables (361 in the Opera study), dim 92,
+    # avg pooling 70, 43 MLP layers of avg width 682, local batch 2048.
+    dims = np.full(361, 92)
+    tables = _shaped_tables("i", 361, 332e9, dims, 70.0, row_scale, seed=20)
+    return Config(
+        ModelConfig(
+            tables,
+            num_dense_features=13,
+            bottom_mlp=(682,) * 21 + (92,),
+            top_mlp=(682,) * 21,
+            interaction="dot",
+        ),
+        TrainConfig(batch_size=2048, steps=100),
+        name="model_i",
+    )
+
+
+_PRESETS = {
+    "tiny": _tiny,
+    "small": _small,
+    "criteo_kaggle": _criteo_kaggle,
+    "model_a": _model_a,
+    "model_f": _model_f,
+    "model_i": _model_i,
+}
+PRESETS: tuple[str, ...] = tuple(_PRESETS)
+
+
+def preset(name: str, row_scale: float = 1.0) -> Config:
+    """A named preset; ``row_scale`` multiplies every table's rows (min 1), keeping the shape."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset '{name}' (known: {', '.join(PRESETS)})")
+    if not (row_scale > 0 and math.isfinite(row_scale)):
+        raise ValueError(f"row_scale must be a positive number, got {row_scale}")
+    return _PRESETS[name](row_scale)

@@ -1,0 +1,205 @@
+"""The single-process trainer: BCE loss, dense optimizer + fused sparse optimizer, evaluation.
+
+    result = Trainer(preset("small"), log_dir="runs/x").run()
+    print(result.eval["auc"], result.samples_per_s)
+
+One step: logits = model(dense, sparse); loss = BCE-with-logits(logits, labels) averaged over
+the batch; loss.backward() updates the embedding rows inside the backward (fused optimizer);
+then the dense optimizer steps. A non-finite loss stops the run with an error naming the step.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from ..config import Config, TrainConfig
+from ..data.batch import Batch
+from ..data.synthetic import SyntheticData
+from ..kernels import SparseOptimizerSpec
+from ..modules import DLRM, EmbeddingBagCollection
+from .metrics import binary_metrics
+
+__all__ = ["Trainer", "TrainResult", "build_model", "make_dense_optimizer", "make_data", "sparse_optimizer_spec"]
+
+
+@dataclass
+class TrainResult:
+    """What a run produced; ``to_json`` is the ``--metrics-out`` file."""
+
+    config: str
+    backend: str
+    world_size: int
+    batch_size: int
+    steps: int
+    losses: list[float] = field(default_factory=list)
+    eval: dict[str, float] = field(default_factory=dict)
+    eval_history: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    samples_per_s: float = 0.0
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+
+    def summary(self) -> str:
+        e = self.eval
+        return (
+            f"[{self.config}] steps={self.steps} global_batch={self.batch_size * self.world_size} "
+            f"backend={self.backend} final_loss={self.losses[-1] if self.losses else float('nan'):.4f} "
+            f"eval_auc={e.get('auc', float('nan')):.4f} eval_ne={e.get('ne', float('nan')):.4f} "
+            f"eval_logloss={e.get('log_loss', float('nan')):.4f} samples/s={self.samples_per_s:,.0f}"
+        )
+
+
+def sparse_optimizer_spec(t: TrainConfig) -> SparseOptimizerSpec:
+    return SparseOptimizerSpec(kind=t.sparse_optimizer, lr=t.sparse_lr, eps=t.eps, weight_decay=t.weight_decay)
+
+
+def build_model(cfg: Config, device: torch.device | str = "cpu", backend: str | None = None) -> DLRM:
+    """The unsharded DLRM; dense parameters drawn from ``cfg.train.seed``, tables from init_table."""
+    torch.manual_seed(cfg.train.seed)
+    ebc = EmbeddingBagCollection(
+        cfg.model.tables,
+        sparse_optimizer_spec(cfg.train),
+        backend=backend or cfg.train.kernel_backend,
+        device=device,
+        seed=cfg.train.seed,
+        id_mode=cfg.data.id_mode,
+    )
+    return DLRM(cfg.model, ebc, ebc.feature_dims).to(device)
+
+
+def make_dense_optimizer(t: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    params = list(params)
+    if t.dense_optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.dense_lr, weight_decay=t.weight_decay)
+    if t.dense_optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=t.dense_lr, eps=t.eps, weight_decay=t.weight_decay)
+    return torch.optim.Adam(params, lr=t.dense_lr, eps=t.eps, weight_decay=t.weight_decay)
+
+
+def make_data(
+    cfg: Config, stream: str, rank: int = 0, world_size: int = 1, start_step: int = 0
+) -> Iterator[Batch]:
+    """Rank ``rank``'s batches of the train or eval stream, starting at global step ``start_step``."""
+    b = cfg.train.batch_size
+    if cfg.data.source == "synthetic":
+        seed = cfg.train.seed
+        return SyntheticData(cfg.model, cfg.data, b, seed=seed, rank=rank, world_size=world_size, stream=stream).iterate(start_step)
+    from ..data.criteo import CriteoReader
+
+    if stream == "train":
+        return iter(CriteoReader(cfg.data.path, cfg.model, b, rank, world_size, start_batch=start_step))
+    if cfg.data.eval_path:
+        return iter(CriteoReader(cfg.data.eval_path, cfg.model, b, rank, world_size, start_batch=start_step))
+    # no held-out file: evaluate on what lies beyond the batches training reads
+    return iter(CriteoReader(cfg.data.path, cfg.model, b, rank, world_size, start_batch=cfg.train.steps + start_step))
+
+
+class Trainer:
+    """Trains ``cfg`` in this process; ``train_data``/``eval_data`` override the config's source."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        device: torch.device | str = "cpu",
+        log_dir: str | Path | None = None,
+        progress: bool = True,
+        train_data: Iterable[Batch] | None = None,
+        eval_data: Iterable[Batch] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.model = build_model(cfg, self.device)
+        self.optimizer = make_dense_optimizer(cfg.train, self.model.dense_parameters())
+        self.train_data = iter(train_data) if train_data is not None else make_data(cfg, "train")
+        self._eval_data = eval_data
+        self.progress = progress
+        self.writer = None
+        if log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(log_dir))
+
+    @property
+    def backend(self) -> str:
+        return self.model.embeddings.backend_name
+
+    def train_step(self, batch: Batch, step: int) -> float:
+        batch = batch.to(self.device)
+        logits = self.model(batch.dense, batch.sparse)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {step}; stopping (check learning rates and inputs)")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # embedding rows are updated here, by the fused sparse optimizer
+        self.optimizer.step()
+        return value
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        data = self._eval_data if self._eval_data is not None else make_data(self.cfg, "eval")
+        logits, labels = [], []
+        for batch in itertools.islice(data, self.cfg.train.eval_batches):
+            batch = batch.to(self.device)
+            logits.append(self.model(batch.dense, batch.sparse))
+            labels.append(batch.labels)
+        self.model.train()
+        if not logits:
+            raise ValueError("evaluation data is empty")
+        return binary_metrics(torch.cat(logits), torch.cat(labels))
+
+    def run(self) -> TrainResult:
+        t = self.cfg.train
+        result = TrainResult(self.cfg.name, self.backend, 1, t.batch_size, t.steps)
+        bar = _progress(t.steps, self.progress)
+        train_time = 0.0
+        for step in range(t.steps):
+            try:
+                batch = next(self.train_data)
+            except StopIteration:
+                raise ValueError(f"training data ran out at step {step} of {t.steps}") from None
+            start = time.perf_counter()
+            loss = self.train_step(batch, step)
+            dt = time.perf_counter() - start
+            train_time += dt
+            result.losses.append(loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            if self.writer is not None and step % t.log_every == 0:
+                self.writer.add_scalar("train/loss", loss, step)
+                self.writer.add_scalar("train/samples_per_s", batch.batch_size / max(dt, 1e-9), step)
+            if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
+                self._record_eval(result, step + 1)
+        bar.close()
+        result.train_seconds = train_time
+        result.samples_per_s = t.steps * t.batch_size / train_time if train_time > 0 else 0.0
+        result.eval = self._record_eval(result, t.steps)
+        if self.writer is not None:
+            self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, t.steps)
+            self.writer.close()
+        return result
+
+    def _record_eval(self, result: TrainResult, step: int) -> dict[str, float]:
+        m = self.evaluate()
+        result.eval_history.append({"step": step, **m})
+        if self.writer is not None:
+            for k in ("auc", "ne", "log_loss"):
+                self.writer.add_scalar(f"eval/{k}", m[k], step)
+        return m
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, desc="train", unit="step", dynamic_ncols=True, leave=False)

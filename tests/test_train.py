@@ -1,0 +1,83 @@
+import json
+import math
+
+import pytest
+import torch
+
+from neo_train.cli import main
+from neo_train.config import preset
+from neo_train.data import Batch, SyntheticData
+from neo_train.kernels import available_backends
+from neo_train.train import Trainer
+
+
+def _tiny(**train):
+    cfg = preset("tiny")
+    return cfg.replace(train=cfg.train.replace(**train))
+
+
+def test_training_is_deterministic():
+    a = Trainer(_tiny(steps=8, kernel_backend="reference"), progress=False).run()
+    b = Trainer(_tiny(steps=8, kernel_backend="reference"), progress=False).run()
+    assert a.losses == b.losses and len(a.losses) == 8
+
+
+@pytest.mark.parametrize("backend", [b for b in available_backends() if b != "reference"])
+def test_backends_train_alike(backend):
+    ref = Trainer(_tiny(steps=6, kernel_backend="reference"), progress=False).run()
+    other = Trainer(_tiny(steps=6, kernel_backend=backend), progress=False).run()
+    assert other.backend == backend
+    torch.testing.assert_close(torch.tensor(other.losses), torch.tensor(ref.losses), rtol=1e-4, atol=1e-5)
+
+
+def test_small_model_learns_the_teacher():
+    cfg = preset("small")
+    cfg = cfg.replace(train=cfg.train.replace(steps=120, eval_batches=8))
+    result = Trainer(cfg, progress=False).run()
+    assert result.eval["auc"] > 0.65, result.eval
+    assert result.eval["ne"] < 1.0
+    first, last = sum(result.losses[:10]) / 10, sum(result.losses[-10:]) / 10
+    assert last < first
+
+
+def test_nan_loss_stops_and_names_the_step():
+    cfg = _tiny(steps=6)
+    data = SyntheticData(cfg.model, cfg.data, cfg.train.batch_size)
+
+    def batches():
+        for step in range(10):
+            b = data.batch(step)
+            if step == 3:
+                b = Batch(torch.full_like(b.dense, float("nan")), b.sparse, b.labels)
+            yield b
+
+    with pytest.raises(FloatingPointError, match="at step 3"):
+        Trainer(cfg, progress=False, train_data=batches()).run()
+
+
+def test_cli_train_writes_metrics_and_tensorboard(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    rc = main(["train", "--preset", "tiny", "--steps", "5", "--batch-size", "16", "--metrics-out", str(out),
+               "--log-dir", str(tmp_path / "tb"), "--no-progress", "--backend", "reference"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "eval_auc=" in text and "samples/s=" in text and "backend=reference" in text
+    m = json.loads(out.read_text())
+    assert len(m["losses"]) == 5 and all(math.isfinite(x) for x in m["losses"])
+    assert {"auc", "ne", "log_loss"} <= set(m["eval"]) and m["samples_per_s"] > 0
+    assert m["batch_size"] == 16 and m["backend"] == "reference"
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_cli_reports_bad_input(tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--batch-size", "0", "--log-dir", "none"]) == 2
+    assert "train.batch_size" in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path / "nope.toml"), "--log-dir", "none"]) == 2
+    assert main(["train", "--preset", "tiny", "--backend", "nosuch", "--log-dir", "none"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+
+
+def test_cli_config_round_trip(tmp_path):
+    path = tmp_path / "tiny.toml"
+    assert main(["config", "--preset", "tiny", "--out", str(path)]) == 0
+    assert main(["train", "--config", str(path), "--steps", "2", "--log-dir", "none", "--no-progress"]) == 0
