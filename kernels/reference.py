@@ -8,8 +8,12 @@ bags.
 
     forward   per group: rows (n_g,) -> embedding_bag over the (R_g, D_g) block -> (k_g*B, D_g)
               -> scattered to the features' columns of the (B, sum D) output
-    backward  per group: per-id grads psw_i * grad_out[bag_i, cols] (n_g, D_g) -> unique rows
-              -> deterministic segment sum -> optimizer update of the touched rows in place
+    backward  per group: ids stably sorted by row -> embedding_bag over the (k_g*B, D_g) output
+              gradient sums psw_i * grad_out[bag_i, cols] per touched row (U, D_g) in a fixed
+              order -> optimizer update of the touched rows in place
+
+Every reduction is an embedding_bag (one sequential sum per bag) or a per-row op, never an
+atomic scatter, so results are bit-reproducible on CPU and CUDA.
 
 All arithmetic is float32; float16/bfloat16 weights are read as float32 and rounded to nearest
 on store (no stochastic rounding), so the reference stays deterministic.
@@ -25,7 +29,7 @@ import torch.nn.functional as F_nn
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
 
-__all__ = ["ReferenceEmbeddingBag", "initial_table_weights", "segment_sum"]
+__all__ = ["ReferenceEmbeddingBag", "initial_table_weights"]
 
 
 def initial_table_weights(tables: Sequence[TableSpec], seed: int = 0) -> Iterator[torch.Tensor]:
@@ -40,23 +44,6 @@ def initial_table_weights(tables: Sequence[TableSpec], seed: int = 0) -> Iterato
         gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
         bound = math.sqrt(1.0 / spec.rows)
         yield torch.empty(spec.rows, spec.dim).uniform_(-bound, bound, generator=gen)
-
-
-def segment_sum(
-    src: torch.Tensor, index: torch.Tensor, num_segments: int, *, sort: bool | None = None
-) -> torch.Tensor:
-    """out[s] = sum of src[i] with index[i] == s; src (n, D), index (n,) -> (num_segments, D).
-
-    Deterministic on every device: CPU ``index_add_`` accumulates serially in index order; on CUDA
-    ``index_add_`` uses atomics (order-dependent rounding), so there the rows are sorted by segment
-    and reduced with ``segment_reduce``, which sums each segment in a fixed order. ``sort`` forces
-    one path (None: by device), so the CUDA path can be tested on CPU.
-    """
-    if not (src.is_cuda if sort is None else sort):
-        return src.new_zeros(num_segments, src.shape[1]).index_add_(0, index, src)
-    order = torch.argsort(index, stable=True)
-    counts = torch.bincount(index, minlength=num_segments)
-    return torch.segment_reduce(src.index_select(0, order), "sum", lengths=counts, axis=0)
 
 
 @dataclass(frozen=True)
@@ -204,12 +191,12 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
                     p.rows, block, p.offsets, mode="sum", per_sample_weights=p.weights, include_last_offset=True
                 )  # (k_g*B, D_g)
             else:
-                # Half-precision rows are widened before the sum: float32 accumulation.
+                # Half-precision rows are widened first, so the sum accumulates in float32.
                 rows = block.index_select(0, p.rows).to(torch.float32)  # (n_g, D_g)
-                if p.weights is not None:
-                    rows = rows * p.weights[:, None]
-                bag = _bag_of_id(p)
-                pooled = rows.new_zeros(p.lengths.numel(), g.dim).index_add_(0, bag, rows)
+                ids = torch.arange(rows.shape[0], device=rows.device)
+                pooled = F_nn.embedding_bag(
+                    ids, rows, p.offsets, mode="sum", per_sample_weights=p.weights, include_last_offset=True
+                )
             for j, f in enumerate(g.features):
                 pieces[f] = pooled[j * B : (j + 1) * B]
         return torch.cat(pieces, dim=1)  # type: ignore[arg-type]
@@ -227,11 +214,22 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
             if p is None or p.rows.numel() == 0:
                 continue
             grad_bags = torch.cat([grad_cols[f] for f in g.features], dim=0)  # (k_g*B, D_g)
-            grad_ids = grad_bags.index_select(0, _bag_of_id(p))  # (n_g, D_g)
-            if p.weights is not None:
-                grad_ids = grad_ids * p.weights[:, None]
-            rows, inverse = torch.unique(p.rows, return_inverse=True)  # (U,), (n_g,)
-            grad_rows = segment_sum(grad_ids, inverse, rows.numel())  # (U, D_g), duplicates summed
+            # The backward of a bag lookup is a bag lookup of the transposed incidence: row u's
+            # gradient sums psw_i * grad_bags[bag_i] over its ids i. A stable sort groups the ids
+            # by row in a fixed order, so embedding_bag (one sequential sum per row, on CPU and
+            # CUDA alike) gives a deterministic sum without materialising per-id (n_g, D_g) rows.
+            sorted_rows, order = torch.sort(p.rows, stable=True)
+            rows, counts = torch.unique_consecutive(sorted_rows, return_counts=True)  # (U,), (U,)
+            row_offsets = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=rows.device)
+            torch.cumsum(counts, 0, out=row_offsets[1:])
+            grad_rows = F_nn.embedding_bag(
+                _bag_of_id(p).index_select(0, order),
+                grad_bags,
+                row_offsets,
+                mode="sum",
+                per_sample_weights=None if p.weights is None else p.weights.index_select(0, order),
+                include_last_offset=True,
+            )  # (U, D_g), duplicates summed
             self._apply_optimizer(g, rows, grad_rows)
 
     def _apply_optimizer(self, g: _DimGroup, rows: torch.Tensor, grad: torch.Tensor) -> None:
@@ -243,17 +241,17 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
             grad = grad + spec.weight_decay * w  # L2: decay joins the gradient, before any state
         lr, eps = self.lr, spec.eps
         if spec.kind == "sgd":
-            w -= lr * grad
+            w.add_(grad, alpha=-lr)
         elif spec.kind == "adagrad":
             S = self._block(self.state_sum, g)
-            s = S.index_select(0, rows) + grad * grad
+            s = S.index_select(0, rows).addcmul_(grad, grad)
             S.index_copy_(0, rows, s)
-            w -= lr * grad / (s.sqrt() + eps)
+            w.addcdiv_(grad, s.sqrt_().add_(eps), value=-lr)
         elif spec.kind == "rowwise_adagrad":
             M = self.state_momentum[g.row_begin : g.row_begin + g.rows]
-            m = M.index_select(0, rows) + (grad * grad).mean(dim=1)  # (U,)
+            m = M.index_select(0, rows) + torch.linalg.vecdot(grad, grad) / g.dim  # (U,) += mean(g^2)
             M.index_copy_(0, rows, m)
-            w -= (lr / (m.sqrt() + eps))[:, None] * grad
+            w.addcmul_(grad, (lr / (m.sqrt() + eps))[:, None], value=-1.0)
         elif spec.kind == "adam":
             t = int(self.step)
             b1, b2 = spec.beta1, spec.beta2
@@ -262,7 +260,7 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
             m2 = b2 * M2.index_select(0, rows) + (1 - b2) * grad * grad
             M1.index_copy_(0, rows, m1)
             M2.index_copy_(0, rows, m2)
-            w -= lr * (m1 / (1 - b1**(t+1))) / ((m2 / (1 - b2**t)).sqrt() + eps)
+            w -= lr * (m1 / (1 - b1**t)) / ((m2 / (1 - b2**t)).sqrt() + eps)
         else:  # pragma: no cover - SparseOptimizerSpec validates kind
             raise AssertionError(spec.kind)
         W.index_copy_(0, rows, w.to(W.dtype))  # rows are unique: no write order to depend on

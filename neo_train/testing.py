@@ -13,6 +13,7 @@ caller with that rank's traceback; a rank that hangs is killed after ``timeout_s
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 from typing import Any, Callable
@@ -52,7 +53,9 @@ def _entry(rank: int, world_size: int, local_world_size: int, port: int, coll_ti
     try:
         comm = init_distributed("gloo", timeout_s=coll_timeout_s)
         result = fn(comm, *args)
-        queue.put((rank, True, result))
+        # plain pickle bytes: torch's queue pickler would pass tensors as shared-memory file
+        # descriptors, which vanish if this process exits before the parent reads them
+        queue.put((rank, True, pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -119,4 +122,4 @@ def run_ranks(
     failures = [f"--- rank {r} ---\n{p}" for r, (ok, p) in sorted(done.items()) if not ok]
     if failures:
         raise RankFailed("\n".join(failures))
-    return [done[r][1] for r in range(world_size)]
+    return [pickle.loads(done[r][1]) for r in range(world_size)]

@@ -15,8 +15,12 @@ Each batch of B lines becomes a ``Batch``:
     dense   (B, 13) float32   log(max(x, 0) + 1), missing -> 0
     sparse  26 features, one per categorical column, feature-major (see ``batch.py``):
             feature f of sample b is the bag [int(C_{f+1}, 16) % num_rows(table of f)] or,
-            when C_{f+1} is missing, the empty bag (length 0)
+            when C_{f+1} is missing, the empty bag (length 0); values int64, lengths int32
     labels  (B,) float32 in {0, 1}
+
+A malformed line (not 40 columns, a label other than 0/1, a dense field that is not a plain
+decimal of at most 18 digits, a categorical that is not hex) raises ValueError naming the file,
+the 1-based line number in the file and the column. A rank checks only the lines it parses.
 
 The model's features, in ``ModelConfig.feature_names`` order, are bound to C1..C26 in that
 order, so the model must have exactly 26 sparse features and 13 dense features.
@@ -159,8 +163,8 @@ class CriteoReader:
                 g += 1
                 # Set before yielding: the generator is suspended at the yield while the batch
                 # is in use, and a checkpoint taken then must point past this batch.
-                yield batch
                 self.global_batch_index = g
+                yield batch
                 if n < gb:
                     return
 
@@ -296,7 +300,7 @@ def write_synthetic_criteo_tsv(path: str | Path, num_lines: int, seed: int = 0, 
     negative about 5% of the time (as in the real logs), 8-digit lowercase hex categoricals drawn
     with a power-law skew from per-column vocabularies (sized like Criteo Kaggle's, capped at
     10k), each dense and categorical field missing with probability ``missing_rate``, and labels
-    (~25% positive) that depend on I1, I3 and C2, so a model can learn something.
+    (~30% positive) that depend on I1, I3 and C2, so a model can learn something.
     """
     if num_lines < 0:
         raise ValueError(f"num_lines must be >= 0, got {num_lines}")

@@ -1,0 +1,136 @@
+"""Row-wise sharding: a table's rows split into contiguous ranges, one per rank.
+
+    input dist   bucketize: each id goes to the rank whose range holds it, as a local row
+                 (id - range start); every bag is sent to every owner (possibly empty there).
+                 Mean pooling is folded into per-id weights 1/L with L the *whole* bag's length,
+                 so the owners' partial sums add up to the mean.
+    lookup       one fused-kernel call over the rank's row shards for the global batch (W*b bags)
+    output dist  reduce-scatter of partial sums: rank i receives, for its b samples, the sum
+                 over owners of their partial pooled vectors
+    backward     all-gather of the pooled gradient (the mirror of the reduce-scatter); each owner
+                 updates its rows in the kernel's backward
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..comm import reduce_scatter_v
+from ..data.batch import SparseFeatures
+from .common import EmbeddingSharding, GroupFeature, Routed, ShardingContext, Unit, build_kernel, route_to_owners
+
+__all__ = ["RowWiseSharding"]
+
+
+class RowWiseSharding(EmbeddingSharding):
+    def __init__(self, ctx: ShardingContext, features: Sequence[GroupFeature]) -> None:
+        super().__init__(ctx, features)
+        W, r = ctx.world_size, ctx.rank
+        # per feature: shards sorted by row range, and their ends for bucketization
+        self.shards = [sorted(f.plan.shards, key=lambda s: s.row_start) for f in self.features]
+        self._ends = [torch.tensor([s.row_end for s in sh], dtype=torch.int64) for sh in self.shards]
+        self._starts = [torch.tensor([s.row_start for s in sh], dtype=torch.int64) for sh in self.shards]
+        units = [Unit(i, s) for i, sh in enumerate(self.shards) for s in sh]
+        self.units_by_rank: list[list[Unit]] = [[u for u in units if u.rank == j] for j in range(W)]
+        mine = self.units_by_rank[r]
+        keys: list[tuple[int, int]] = []
+        table_of_unit = []
+        for u in mine:
+            key = (self.features[u.feature].table_index, u.shard.row_start)
+            if key not in keys:
+                keys.append(key)
+            table_of_unit.append(keys.index(key))
+        shard_list = []
+        for key in keys:
+            u = next(u for u in mine if (self.features[u.feature].table_index, u.shard.row_start) == key)
+            f = self.features[u.feature]
+            shard_list.append((f.table_index, f.table, u.shard))
+        self._shard_list = shard_list
+        # pooling is applied here (weights 1/L of the whole bag), so shard tables sum
+        self.kernel = build_kernel(
+            ctx, shard_list, table_of_unit, [f"{self.features[u.feature].name}@{u.shard.row_start}" for u in mine],
+            pooling_in_kernel=False,
+        )
+        self._mine = mine
+        self._any_mean = any(f.table.pooling == "mean" for f in self.features)
+
+    # ---- input dist ---------------------------------------------------------------------------
+    def bucketize(self, sparse: SparseFeatures) -> tuple[list[list[tuple]], bool]:
+        """Per feature, per shard: (lengths (b,), local ids, weights or None)."""
+        b = sparse.batch_size
+        parts = sparse.by_feature()
+        weighted = sparse.weights is not None or self._any_mean
+        out = []
+        for fi, f in enumerate(self.features):
+            vals, lens, w = parts[f.name]
+            K = len(self.shards[fi])
+            lens64 = lens.to(torch.int64)
+            bag = torch.repeat_interleave(torch.arange(b, device=vals.device), lens64, output_size=vals.numel())
+            k = torch.searchsorted(self._ends[fi].to(vals.device), vals, right=True)
+            local = vals - self._starts[fi].to(vals.device)[k]
+            wts = None
+            if weighted:
+                wts = torch.ones(vals.numel(), device=vals.device) if w is None else w.to(torch.float32)
+                if f.table.pooling == "mean":
+                    wts = wts / lens64.clamp(min=1).to(torch.float32)[bag]
+            key = k * b + bag
+            order = torch.argsort(key, stable=True)
+            counts = torch.bincount(key, minlength=K * b).view(K, b)
+            per_k = counts.sum(dim=1).tolist()
+            lv = local[order].split(per_k)
+            lw = wts[order].split(per_k) if wts is not None else [None] * K
+            out.append([(counts[j].to(torch.int32), lv[j], lw[j]) for j in range(K)])
+        return out, weighted
+
+    def input_dist(self, sparse: SparseFeatures) -> Routed:
+        buckets, weighted = self.bucketize(sparse)
+        per_dest = []
+        index = {(fi, s.row_start): j for fi, sh in enumerate(self.shards) for j, s in enumerate(sh)}
+        for us in self.units_by_rank:
+            items = [buckets[u.feature][index[(u.feature, u.shard.row_start)]] for u in us]
+            per_dest.append((
+                torch.cat([x[0] for x in items]) if items else sparse.lengths.new_zeros(0),
+                torch.cat([x[1] for x in items]) if items else sparse.values.new_zeros(0),
+                (torch.cat([x[2] for x in items]) if items else torch.zeros(0)) if weighted else None,
+            ))
+        return route_to_owners(self.ctx.comm, per_dest, len(self._mine), sparse.batch_size, weighted)
+
+    # ---- lookup -------------------------------------------------------------------------------
+    def lookup(self, routed: Routed) -> torch.Tensor:
+        if self.kernel is None:
+            return torch.zeros(0, 0, device=self.ctx.device)
+        return self.kernel(routed.values, routed.offsets(), routed.weights)  # (W*b, sum D of my units)
+
+    def partial_sums(self, pooled: torch.Tensor, rows: int, features: Sequence[int]) -> torch.Tensor:
+        """(rows, sum_{f in features} D_f): this rank's partial sums at each feature's columns,
+        zeros where it holds no shard of the feature's table."""
+        cols = []
+        off = 0
+        at: dict[int, tuple[int, int]] = {}
+        for u in self._mine:
+            d = self.features[u.feature].table.dim
+            at[u.feature] = (off, d)
+            off += d
+        for fi in features:
+            if fi in at:
+                o, d = at[fi]
+                cols.append(pooled[:, o : o + d])
+            else:
+                cols.append(torch.zeros(rows, self.dims[fi], device=self.ctx.device))
+        out = torch.cat(cols, dim=1) if cols else torch.zeros(rows, 0, device=self.ctx.device)
+        if not out.requires_grad:
+            # a rank with no shard still joins the mirror collective in the backward
+            out.requires_grad_(True)
+        return out
+
+    # ---- output dist --------------------------------------------------------------------------
+    def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
+        W = self.ctx.world_size
+        partial = self.partial_sums(pooled, W * b, range(len(self.features)))  # (W*b, sum D)
+        return reduce_scatter_v(
+            self.ctx.comm, partial, [b] * W, self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist"
+        )  # (b, sum D) in group order
+
+    def local_shards(self):
+        return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
