@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from neo_train.kernels import SparseOptimizerSpec, TableSpec, available_backends, create_embedding_bag
-from neo_train.kernels.reference import initial_table_weights
+from neo_train.kernels.init import init_table
 
 __all__ = ["Config", "main"]
 
@@ -148,8 +148,8 @@ def backend_impl(backend: str, cfg: Config, opt: SparseOptimizerSpec) -> Impl:
 
 def baseline_impl(cfg: Config, opt: SparseOptimizerSpec) -> Impl:
     bags = nn.ModuleList(
-        nn.EmbeddingBag(r, d, mode="sum", sparse=True, _weight=w)
-        for r, d, w in zip(cfg.rows, cfg.dims, initial_table_weights(cfg.tables, 0))
+        nn.EmbeddingBag(r, d, mode="sum", sparse=True, _weight=init_table(0, t, r, d))
+        for t, (r, d) in enumerate(zip(cfg.rows, cfg.dims))
     )
     if opt.kind == "sgd":
         torch_opt: torch.optim.Optimizer = torch.optim.SGD(bags.parameters(), lr=opt.lr)
@@ -219,6 +219,8 @@ def machine_info() -> dict[str, object]:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "backends": available_backends(),
+        # Other processes on a small machine skew every number: keep the load next to them.
+        "loadavg_1m_at_start": os.getloadavg()[0],
     }
     if "fbgemm" in available_backends():
         import fbgemm_gpu
@@ -299,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy_gbs = copy_bandwidth_gbs(16 if args.quick else 256)
     info["copy_gbs"] = copy_gbs
     print(f"# {info['cpu']}, {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
-          f"copy bandwidth {copy_gbs:.1f} GB/s")  # fmt: skip
+          f"copy bandwidth {copy_gbs:.1f} GB/s, load average {info['loadavg_1m_at_start']:.2f}")  # fmt: skip
     rows = []
     for cfg in make_configs(args.configs.split(","), args.rows, args.quick):
         t0 = time.perf_counter()

@@ -35,7 +35,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from .base import SPARSE_OPTIMIZERS, FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, state_shapes
-from .reference import _check_shape, initial_table_weights
+from .init import init_table
+from .reference import _check_shape
 
 __all__ = ["FbgemmEmbeddingBag"]
 
@@ -89,14 +90,14 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
             )
         self._tbe = _make_tbe(self.tables, optimizer, self._internal_order(), self.device_, weight_dtype)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=self.device_))
-        for t, w in enumerate(initial_table_weights(self.tables, seed)):
-            self.set_table(t, w)
+        for t, spec in enumerate(self.tables):  # kernels/init.py: the same start on every backend
+            self.set_table(t, init_table(seed, t, spec.rows, spec.dim))
 
     # ---- feature order ----------------------------------------------------------------------
     def _internal_order(self) -> list[int]:
-        """fbgemm's feature order: sorted by table (see module docstring); set up the permutations."""
+        """Sort features by table for fbgemm (see module docstring); returns fbgemm's feature_table_map
+        and registers the input/output permutations when the order changes."""
         order = sorted(range(self.num_features), key=lambda f: (self.feature_table_map[f], f))
-        self._order = order
         self._permuted = order != list(range(self.num_features))
         if self._permuted:
             # Input: fbgemm feature i reads caller feature order[i].

@@ -13,37 +13,24 @@ bags.
               order -> optimizer update of the touched rows in place
 
 Every reduction is an embedding_bag (one sequential sum per bag) or a per-row op, never an
-atomic scatter, so results are bit-reproducible on CPU and CUDA.
+atomic scatter, so results are bit-reproducible run to run (CPU tested; the CUDA kernels of
+these ops are deterministic too).
 
 All arithmetic is float32; float16/bfloat16 weights are read as float32 and rounded to nearest
 on store (no stochastic rounding), so the reference stays deterministic.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Sequence
+from typing import ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F_nn
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
+from .init import init_table
 
-__all__ = ["ReferenceEmbeddingBag", "initial_table_weights"]
-
-
-def initial_table_weights(tables: Sequence[TableSpec], seed: int = 0) -> Iterator[torch.Tensor]:
-    """Yield each table's float32 CPU init, uniform(-sqrt(1/rows), sqrt(1/rows)) (torchrec's default).
-
-    Every backend initialises through this function, so the same seed gives the same starting
-    tables whichever backend runs. Table t draws from its own generator seeded by (seed, t), so a
-    table's init does not depend on the sizes of the tables before it, and tables can be produced
-    one at a time (a 100-table model never holds two copies of all its weights).
-    """
-    for t, spec in enumerate(tables):
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + t)
-        bound = math.sqrt(1.0 / spec.rows)
-        yield torch.empty(spec.rows, spec.dim).uniform_(-bound, bound, generator=gen)
+__all__ = ["ReferenceEmbeddingBag"]
 
 
 @dataclass(frozen=True)
@@ -96,13 +83,12 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
             size = n_elems if len(shape) == 2 else n_rows
             self.register_buffer(f"state_{name}", torch.zeros(size, dtype=torch.float32, device=self.device_))
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=self.device_))
-        for t, w in enumerate(initial_table_weights(self.tables, seed)):
-            self.set_table(t, w)
+        for t, spec in enumerate(self.tables):  # kernels/init.py: the same start on every backend
+            self.set_table(t, init_table(seed, t, spec.rows, spec.dim))
 
     # ---- layout -----------------------------------------------------------------------------
     def _build_layout(self) -> None:
         """Place tables sorted by (dim, index); group tables of one dim into one block."""
-        order = range(len(self.tables))
         self._table_group: list[int] = [0] * len(self.tables)
         self._table_row_in_group: list[int] = [0] * len(self.tables)
         dims = sorted({spec.dim for spec in self.tables})
@@ -110,11 +96,11 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
         elem, row = 0, 0
         for g, dim in enumerate(dims):
             g_rows = 0
-            for t in order:
-                if self.tables[t].dim == dim:
+            for t, spec in enumerate(self.tables):
+                if spec.dim == dim:
                     self._table_group[t] = g
                     self._table_row_in_group[t] = g_rows
-                    g_rows += self.tables[t].rows
+                    g_rows += spec.rows
             feats = tuple(f for f, t in enumerate(self.feature_table_map) if self.tables[t].dim == dim)
             groups.append(_DimGroup(dim, elem, row, g_rows, feats, _runs(feats)))
             elem += g_rows * dim

@@ -23,6 +23,7 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "DataConfig",
+    "DistConfig",
     "Config",
     "preset",
     "PRESETS",
@@ -219,6 +220,33 @@ class DataConfig(_Replace):
         _check(self.source != "criteo" or bool(self.path), "data.path", "the 'criteo' source needs a path")
 
 
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "table_column_wise")
+COMM_DTYPES = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class DistConfig(_Replace):
+    """How a multi-rank run shards its tables and talks."""
+
+    sharding: str = "table_wise"
+    """Sharding type of every table when no plan file is given (see neo_train.sharding.plan)."""
+    plan_path: str = ""
+    """A ShardingPlan JSON file; overrides `sharding`."""
+    forward_comm_dtype: str = "fp32"
+    """Wire format of pooled embeddings in the output dist: 'fp32', 'fp16' or 'bf16'."""
+    backward_comm_dtype: str = "fp32"
+    """Wire format of their gradients in the backward: 'fp32', 'fp16' or 'bf16'."""
+    timeout_s: float = 120.0
+    """Timeout of every collective, in seconds: a peer that never arrives is an error, not a hang."""
+
+    def __post_init__(self) -> None:
+        _check(self.sharding in SHARDING_TYPES, "dist.sharding", f"must be one of {SHARDING_TYPES}, got {self.sharding!r}")
+        for name in ("forward_comm_dtype", "backward_comm_dtype"):
+            v = getattr(self, name)
+            _check(v in COMM_DTYPES, f"dist.{name}", f"must be one of {COMM_DTYPES}, got {v!r}")
+        _check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
+
+
 @dataclass(frozen=True)
 class Config(_Replace):
     """A whole run: model, training loop and data."""
@@ -229,6 +257,8 @@ class Config(_Replace):
     """The training loop."""
     data: DataConfig = field(default_factory=DataConfig)
     """Where batches come from."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """Sharding and communication of multi-rank runs."""
     name: str = "custom"
     """A label for logs (the preset's name, or the config file's)."""
 

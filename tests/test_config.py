@@ -7,6 +7,7 @@ from neo_train.config import (
     PRESETS,
     Config,
     DataConfig,
+    DistConfig,
     ModelConfig,
     TableConfig,
     TrainConfig,
@@ -29,7 +30,7 @@ def test_every_field_has_a_docstring():
     import neo_train.config as mod
 
     tree = ast.parse(inspect.getsource(mod))
-    for cls in (TableConfig, ModelConfig, TrainConfig, DataConfig, Config):
+    for cls in (TableConfig, ModelConfig, TrainConfig, DataConfig, DistConfig, Config):
         node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
         body = node.body
         documented = set()
@@ -78,6 +79,8 @@ def test_criteo_kaggle_preset():
         (lambda: TrainConfig(sparse_optimizer="lamb"), "train.sparse_optimizer"),
         (lambda: DataConfig(id_mode="wrap"), "data.id_mode"),
         (lambda: DataConfig(source="criteo"), "data.path"),
+        (lambda: DistConfig(sharding="diagonal"), "dist.sharding"),
+        (lambda: DistConfig(forward_comm_dtype="int4"), "dist.forward_comm_dtype"),
         (lambda: ModelConfig((TableConfig("t", 10, 8),), bottom_mlp=(16,)), "table 't'"),
         (lambda: ModelConfig((TableConfig("t", 10, 8), TableConfig("t", 5, 8)), bottom_mlp=(8,)), "duplicate table"),
     ],

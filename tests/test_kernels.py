@@ -345,6 +345,17 @@ def test_bad_offsets(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_zero_batch_and_int32_inputs(backend: str) -> None:
+    _need(backend)
+    m = _small(backend)
+    out = m(torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))  # B = 0
+    assert out.shape == (0, 12)
+    out.sum().backward()
+    v32, o32 = torch.tensor([1, 2, 0, 4], dtype=torch.int32), torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    torch.testing.assert_close(m(v32, o32), m(v32.long(), o32.long()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_unsupported_optimizer_is_refused(backend: str) -> None:
     _need(backend)
     caps = _caps(backend)

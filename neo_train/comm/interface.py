@@ -34,15 +34,27 @@ class CollectiveError(RuntimeError):
 
 @dataclass
 class Handle:
-    """An in-flight collective; ``wait()`` blocks (up to the timeout) and returns the result."""
+    """An in-flight collective; ``wait()`` blocks (up to the timeout) and returns the result.
+
+    ``future()`` gives a torch Future of the result (for DDP communication hooks): the backend's
+    own future when it has one, so nothing blocks, else one completed by waiting now.
+    """
 
     _wait: Callable[[], torch.Tensor]
     _done: torch.Tensor | None = None
+    _future: Callable[[], torch.futures.Future] | None = None
 
     def wait(self) -> torch.Tensor:
         if self._done is None:
             self._done = self._wait()
         return self._done
+
+    def future(self) -> torch.futures.Future:
+        if self._future is not None:
+            return self._future()
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self.wait())
+        return fut
 
 
 def check_splits(name: str, splits: Sequence[int], world_size: int, total: int | None = None) -> list[int]:

@@ -80,7 +80,10 @@ class NativeCommunicator(Communicator):
                 ) from e
             return finish()
 
-        return Handle(wait) if async_op else wait()
+        def future() -> torch.futures.Future:
+            return work.get_future().then(lambda _f: finish())
+
+        return Handle(wait, _future=future if work is not None else None) if async_op else wait()
 
     # ---- collectives --------------------------------------------------------------------------
     def all_to_all_v(self, x, in_splits, out_splits, *, async_op=False, tag=""):

@@ -19,11 +19,13 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from ..comm import Communicator
 from ..config import Config, TrainConfig
 from ..data.batch import Batch
 from ..data.synthetic import SyntheticData
 from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
+from ..sharding.plan import ShardingPlan
 from .metrics import binary_metrics
 
 __all__ = ["Trainer", "TrainResult", "build_model", "make_dense_optimizer", "make_data", "sparse_optimizer_spec"]
@@ -115,16 +117,30 @@ class Trainer:
         progress: bool = True,
         train_data: Iterable[Batch] | None = None,
         eval_data: Iterable[Batch] | None = None,
+        comm: "Communicator | None" = None,
+        plan: "ShardingPlan | None" = None,
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        self.model = build_model(cfg, self.device)
+        self.comm = comm
+        self.rank = comm.rank if comm is not None else 0
+        self.world_size = comm.world_size if comm is not None else 1
+        if comm is not None:
+            from ..parallel import DistributedModelParallel
+
+            if plan is None:
+                raise ValueError("a multi-rank Trainer needs a sharding plan")
+            self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device)
+        else:
+            self.model = build_model(cfg, self.device)
         self.optimizer = make_dense_optimizer(cfg.train, self.model.dense_parameters())
-        self.train_data = iter(train_data) if train_data is not None else make_data(cfg, "train")
+        self.train_data = (
+            iter(train_data) if train_data is not None else make_data(cfg, "train", self.rank, self.world_size)
+        )
         self._eval_data = eval_data
-        self.progress = progress
+        self.progress = progress and self.rank == 0
         self.writer = None
-        if log_dir is not None:
+        if log_dir is not None and self.rank == 0:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(log_dir))
@@ -133,11 +149,27 @@ class Trainer:
     def backend(self) -> str:
         return self.model.embeddings.backend_name
 
+    def global_mean(self, value: float) -> float:
+        """The mean of a per-rank scalar over ranks (the global-batch loss)."""
+        if self.comm is None:
+            return value
+        return float(self.comm.all_reduce(torch.tensor([value], dtype=torch.float64), op="avg", tag="metrics")[0])
+
+    def gather_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{"dense": {name: tensor}, "tables": {table: {"weight": (R, D), <optimizer state>}}}."""
+        if self.comm is not None:
+            return self.model.gather_state_dict()
+        ebc = self.model.embeddings
+        return {
+            "dense": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+            "tables": {t.name: {"weight": ebc.table(t.name), **ebc.table_state(t.name)} for t in ebc.tables},
+        }
+
     def train_step(self, batch: Batch, step: int) -> float:
         batch = batch.to(self.device)
         logits = self.model(batch.dense, batch.sparse)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
-        value = float(loss.detach())
+        value = self.global_mean(float(loss.detach()))  # every rank sees the global loss
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}; stopping (check learning rates and inputs)")
         self.optimizer.zero_grad(set_to_none=True)
@@ -148,7 +180,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
-        data = self._eval_data if self._eval_data is not None else make_data(self.cfg, "eval")
+        data = self._eval_data if self._eval_data is not None else make_data(self.cfg, "eval", self.rank, self.world_size)
         logits, labels = [], []
         for batch in itertools.islice(data, self.cfg.train.eval_batches):
             batch = batch.to(self.device)
@@ -157,11 +189,16 @@ class Trainer:
         self.model.train()
         if not logits:
             raise ValueError("evaluation data is empty")
-        return binary_metrics(torch.cat(logits), torch.cat(labels))
+        lg, lb = torch.cat(logits).float().cpu(), torch.cat(labels).float().cpu()
+        if self.comm is not None:  # metrics over every rank's held-out samples
+            sizes = [int(v) for v in self.comm.all_gather_v(torch.tensor([lg.numel()]), [1] * self.world_size, tag="metrics")]
+            lg = self.comm.all_gather_v(lg, sizes, tag="metrics")
+            lb = self.comm.all_gather_v(lb, sizes, tag="metrics")
+        return binary_metrics(lg, lb)
 
     def run(self) -> TrainResult:
         t = self.cfg.train
-        result = TrainResult(self.cfg.name, self.backend, 1, t.batch_size, t.steps)
+        result = TrainResult(self.cfg.name, self.backend, self.world_size, t.batch_size, t.steps)
         bar = _progress(t.steps, self.progress)
         train_time = 0.0
         for step in range(t.steps):
@@ -183,12 +220,20 @@ class Trainer:
                 self._record_eval(result, step + 1)
         bar.close()
         result.train_seconds = train_time
-        result.samples_per_s = t.steps * t.batch_size / train_time if train_time > 0 else 0.0
+        # global throughput: every rank trains b samples a step; the slowest rank sets the pace
+        train_time = self.global_max(train_time)
+        result.train_seconds = train_time
+        result.samples_per_s = t.steps * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
         result.eval = self._record_eval(result, t.steps)
         if self.writer is not None:
             self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, t.steps)
             self.writer.close()
         return result
+
+    def global_max(self, value: float) -> float:
+        if self.comm is None:
+            return value
+        return float(self.comm.all_reduce(torch.tensor([value], dtype=torch.float64), op="max", tag="metrics")[0])
 
     def _record_eval(self, result: TrainResult, step: int) -> dict[str, float]:
         m = self.evaluate()
