@@ -1,8 +1,11 @@
 """The ``neo-train`` command.
 
-    neo-train train                         # the `small` preset on synthetic data
+    neo-train train                         # the `small` preset on synthetic data, 2 local ranks
     neo-train train --preset tiny --steps 50 --metrics-out out/metrics.json
     neo-train train --config my.toml --backend reference
+    neo-train train --nproc 2                   # 2 local ranks (gloo on CPU, NCCL on GPUs)
+    neo-train train --nproc 4 --sharding table_row_wise --local-world-size 2   # 2 faked nodes
+    torchrun --nproc-per-node 8 -m neo_train train --plan plan.json
     neo-train config --preset criteo_kaggle --out criteo.toml
     neo-train info                          # versions and kernel backends
 """
@@ -18,7 +21,7 @@ __all__ = ["main", "build_parser", "config_from_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import PRESETS
+    from .config import COMM_DTYPES, PRESETS, SHARDING_TYPES
 
     p = argparse.ArgumentParser(prog="neo-train", description="Neo-style DLRM training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -41,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--metrics-out", type=Path, help="write per-step losses, eval metrics and throughput as JSON")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--nproc", type=int, help="local ranks to start via torchrun (default: 2 on CPU, one per GPU; 1 = this process)")
+    t.add_argument("--sharding", choices=SHARDING_TYPES, help="sharding type of every table (multi-rank)")
+    t.add_argument("--plan", type=Path, help="ShardingPlan JSON (multi-rank); overrides --sharding")
+    t.add_argument("--local-world-size", type=int, help="ranks per node for the plan (default: LOCAL_WORLD_SIZE); fakes nodes on one host")
+    t.add_argument("--comm-dtype-fwd", choices=COMM_DTYPES, help="wire format of pooled embeddings")
+    t.add_argument("--comm-dtype-bwd", choices=COMM_DTYPES, help="wire format of their gradients")
+    t.add_argument("--timeout", type=float, help="collective timeout, seconds")
 
     c = sub.add_parser("config", help="print or write a preset as TOML")
     c.add_argument("--preset", default="small", choices=PRESETS)
@@ -69,33 +79,108 @@ def config_from_args(args: argparse.Namespace):
         if v is not None
     }
     data = {k: v for k, v in {"source": args.data, "path": args.data_path, "eval_path": args.eval_path}.items() if v is not None}
-    return cfg.replace(train=cfg.train.replace(**train), data=cfg.data.replace(**data))
+    dist = {
+        k: v
+        for k, v in {
+            "sharding": args.sharding,
+            "plan_path": str(args.plan) if args.plan else None,
+            "forward_comm_dtype": args.comm_dtype_fwd,
+            "backward_comm_dtype": args.comm_dtype_bwd,
+            "timeout_s": args.timeout,
+        }.items()
+        if v is not None
+    }
+    return cfg.replace(train=cfg.train.replace(**train), data=cfg.data.replace(**data), dist=cfg.dist.replace(**dist))
 
 
-def _train(args: argparse.Namespace) -> int:
+def _launch_local(nproc: int, argv: Sequence[str]) -> int:
+    """Re-run this command under torchrun with ``nproc`` local ranks (standalone rendezvous)."""
+    from torch.distributed.run import main as torchrun
+
+    rest, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        rest.append(a)
+    print(f"neo-train: starting {nproc} local ranks with torchrun", flush=True)
+    try:
+        torchrun(["--standalone", "--nproc-per-node", str(nproc), "-m", "neo_train", *rest])
+    except Exception as e:  # torchrun raises ChildFailedError naming the failed rank
+        print(f"neo-train: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plan_for(cfg, world_size: int, local_world_size: int):
+    from .sharding import ShardingPlan
+
+    if cfg.dist.plan_path:
+        plan = ShardingPlan.from_json(cfg.dist.plan_path)
+    else:
+        plan = ShardingPlan.uniform(cfg.model, cfg.dist.sharding, world_size, local_world_size)
+    plan.validate(cfg.model, world_size, local_world_size)
+    return plan
+
+
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import os
+
     import torch
 
     from .kernels import backend_report
     from .train import Trainer
 
-    cfg = config_from_args(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = config_from_args(args)  # validate before starting any rank
+    in_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() or 2)
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if nproc > 1 and not in_torchrun:
+        return _launch_local(nproc, argv)
+    comm = plan = None
+    rank, world = 0, 1
+    if in_torchrun and int(os.environ["WORLD_SIZE"]) > 1:
+        from .comm import init_distributed
+
+        if torch.cuda.is_available() and (args.device or "cuda").startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        comm = init_distributed(timeout_s=cfg.dist.timeout_s)
+        rank, world = comm.rank, comm.world_size
+        L = args.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        plan = _plan_for(cfg, world, L)
+    device = args.device or (f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     log_dir = args.log_dir
     if log_dir is None:
         log_dir = f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     elif log_dir.lower() == "none":
         log_dir = None
-    trainer = Trainer(cfg, device=device, log_dir=log_dir, progress=not args.no_progress and sys.stderr.isatty())
-    print(f"neo-train: {cfg.name} | {len(cfg.model.tables)} tables, "
-          f"{cfg.model.num_embedding_params / 1e6:.2f}M embedding params | device {device} | "
-          f"kernel backend {trainer.backend} ({backend_report()})", flush=True)
+    trainer = Trainer(cfg, device=device, log_dir=log_dir, progress=not args.no_progress and sys.stderr.isatty(),
+                      comm=comm, plan=plan)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"neo-train: {cfg.name} | {len(cfg.model.tables)} tables, "
+        f"{cfg.model.num_embedding_params / 1e6:.2f}M embedding params | {world} rank(s), device {device} | "
+        f"kernel backend {trainer.backend} ({backend_report()})", flush=True)
+    if plan is not None:
+        say(plan.describe() if len(plan.tables) <= 40 else f"plan: {len(plan.tables)} tables over {world} ranks")
     result = trainer.run()
-    print(result.summary())
-    if args.metrics_out:
+    say(result.summary())
+    if result.step_ms and world > 1:
+        say("step time (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result.step_ms.items()))
+    if args.metrics_out and rank == 0:
         result.to_json(args.metrics_out)
-        print(f"metrics written to {args.metrics_out}")
+        say(f"metrics written to {args.metrics_out}")
     if log_dir:
-        print(f"TensorBoard logs in {log_dir} (tensorboard --logdir {log_dir})")
+        say(f"TensorBoard logs in {log_dir} (tensorboard --logdir {log_dir})")
+    if comm is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return 0
 
 
@@ -123,10 +208,11 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    handler = {"train": _train, "config": _config, "info": _info}[args.command]
+    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info}
     try:
-        return handler(args)
+        return handlers[args.command](args)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"neo-train: error: {e}", file=sys.stderr)
         return 2

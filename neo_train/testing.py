@@ -104,16 +104,29 @@ def run_ranks(
         p.start()
     import queue as _q
 
+    import time as _time
+
     done: dict[int, tuple[bool, Any]] = {}
+    deadline = _time.monotonic() + timeout_s
+    dead_since: dict[int, float] = {}
     try:
         while len(done) < world_size:
             try:
-                rank, ok, payload = queue.get(timeout=timeout_s)
+                rank, ok, payload = queue.get(timeout=0.5)
+                done[rank] = (ok, payload)
+                continue
             except _q.Empty:
+                pass
+            now = _time.monotonic()
+            for r, p in enumerate(procs):  # a rank that exited without reporting: give its
+                if r not in done and p.exitcode is not None:  # message 2 s to arrive, then fail
+                    dead_since.setdefault(r, now)
+            gone = sorted(r for r, t0 in dead_since.items() if r not in done and now - t0 > 2.0)
+            if gone or now > deadline:
                 missing = sorted(set(range(world_size)) - set(done))
+                why = f"exited (codes {[procs[r].exitcode for r in gone]}) without a result" if gone else f"did not finish within {timeout_s:.0f}s"
                 failed = "".join(f"\n--- rank {r} ---\n{p}" for r, (ok, p) in sorted(done.items()) if not ok)
-                raise RankFailed(f"ranks {missing} did not finish within {timeout_s:.0f}s{failed}") from None
-            done[rank] = (ok, payload)
+                raise RankFailed(f"ranks {gone or missing} {why}{failed}")
     finally:
         for p in procs:
             p.join(timeout=5)

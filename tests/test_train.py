@@ -57,7 +57,7 @@ def test_nan_loss_stops_and_names_the_step():
 
 def test_cli_train_writes_metrics_and_tensorboard(tmp_path, capsys):
     out = tmp_path / "m.json"
-    rc = main(["train", "--preset", "tiny", "--steps", "5", "--batch-size", "16", "--metrics-out", str(out),
+    rc = main(["train", "--nproc", "1", "--preset", "tiny", "--steps", "5", "--batch-size", "16", "--metrics-out", str(out),
                "--log-dir", str(tmp_path / "tb"), "--no-progress", "--backend", "reference"])
     assert rc == 0
     text = capsys.readouterr().out
@@ -70,14 +70,14 @@ def test_cli_train_writes_metrics_and_tensorboard(tmp_path, capsys):
 
 
 def test_cli_reports_bad_input(tmp_path, capsys):
-    assert main(["train", "--preset", "tiny", "--batch-size", "0", "--log-dir", "none"]) == 2
+    assert main(["train", "--nproc", "1", "--preset", "tiny", "--batch-size", "0", "--log-dir", "none"]) == 2
     assert "train.batch_size" in capsys.readouterr().err
-    assert main(["train", "--config", str(tmp_path / "nope.toml"), "--log-dir", "none"]) == 2
-    assert main(["train", "--preset", "tiny", "--backend", "nosuch", "--log-dir", "none"]) == 2
+    assert main(["train", "--nproc", "1", "--config", str(tmp_path / "nope.toml"), "--log-dir", "none"]) == 2
+    assert main(["train", "--nproc", "1", "--preset", "tiny", "--backend", "nosuch", "--log-dir", "none"]) == 2
     assert "nosuch" in capsys.readouterr().err
 
 
 def test_cli_config_round_trip(tmp_path):
     path = tmp_path / "tiny.toml"
     assert main(["config", "--preset", "tiny", "--out", str(path)]) == 0
-    assert main(["train", "--config", str(path), "--steps", "2", "--log-dir", "none", "--no-progress"]) == 0
+    assert main(["train", "--nproc", "1", "--config", str(path), "--steps", "2", "--log-dir", "none", "--no-progress"]) == 0

@@ -32,8 +32,9 @@ class DLRM(nn.Module):
         self.logit = nn.Linear(self.top.out_features, 1)
 
     def dense_parameters(self) -> list[nn.Parameter]:
-        """Every trainable parameter (embedding tables are kernel buffers, updated in backward)."""
-        return [p for p in self.parameters() if p.requires_grad]
+        """Every trainable parameter outside the embeddings (tables are updated in the backward
+        by the fused optimizer; a backend such as fbgemm may hold them as Parameters)."""
+        return [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("embeddings.")]
 
     def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
         """dense (B, num_dense), sparse (F features of B) -> logits (B,)."""

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..comm import Communicator
+from ..comm import CollectiveError, Communicator
 from ..config import Config
 from ..data.batch import SparseFeatures
 from ..modules import DLRM
@@ -30,6 +30,11 @@ from ..sharding.collection import ShardedEmbeddingBagCollection
 from ..sharding.plan import ShardingPlan
 
 __all__ = ["DistributedModelParallel"]
+
+
+def _is_backend_error(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, getattr(torch.distributed, "DistError", ())) or "gloo" in text or "NCCL" in text
 
 
 def _allreduce_hook(comm: Communicator, bucket):  # -> Future[Tensor] (DDP rejects string annotations)
@@ -48,6 +53,7 @@ class DistributedModelParallel(nn.Module):
         *,
         device: torch.device | str = "cpu",
         backend: str | None = None,
+        timer=None,
     ) -> None:
         super().__init__()
         from ..train.trainer import sparse_optimizer_spec
@@ -65,12 +71,13 @@ class DistributedModelParallel(nn.Module):
             fwd_codec=cfg.dist.forward_comm_dtype,
             bwd_codec=cfg.dist.backward_comm_dtype,
             id_mode=cfg.data.id_mode,
+            timer=timer,
         )
         self.module = DLRM(cfg.model, ebc, ebc.feature_dims).to(device)
         self.embeddings = ebc
         if comm.world_size > 1:
             # the sharded tables are buffers DDP must neither broadcast nor sync
-            ignore = [f"embeddings.{n}" for n, _ in ebc.named_buffers()]
+            ignore = [f"embeddings.{n}" for n, _ in [*ebc.named_buffers(), *ebc.named_parameters()]]
             DDP._set_params_and_buffers_to_ignore_for_model(self.module, ignore)
             dense_comm = comm.subgroup(list(range(comm.world_size)), name="dense")  # type: ignore[attr-defined]
             with warnings.catch_warnings():
@@ -94,9 +101,19 @@ class DistributedModelParallel(nn.Module):
         return self.module.dense_parameters()
 
     def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
-        return self.ddp(dense, sparse)
+        try:
+            return self.ddp(dense, sparse)
+        except RuntimeError as e:
+            # DDP's own bookkeeping collectives (bucket rebuild after the first step) bypass the
+            # comm layer; name them like the comm layer names its own failures
+            if isinstance(e, CollectiveError) or not _is_backend_error(e):
+                raise
+            raise CollectiveError(
+                f"DDP bookkeeping collective (bucket rebuild) on rank {self.comm.rank} failed or timed out; "
+                f"a peer may have died: {e}"
+            ) from e
 
     def gather_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{"dense": {param name: tensor}, "tables": {table: {"weight", <state>...}}} (collective)."""
-        dense = {n: p.detach().clone() for n, p in self.module.named_parameters()}
+        dense = {n: p.detach().clone() for n, p in self.module.named_parameters() if not n.startswith("embeddings.")}
         return {"dense": dense, "tables": self.embeddings.gather_tables()}

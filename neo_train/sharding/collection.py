@@ -63,6 +63,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         fwd_codec: str | None = None,
         bwd_codec: str | None = None,
         id_mode: str = "strict",
+        timer=None,
     ) -> None:
         super().__init__()
         L = local_world_size or plan.local_world_size
@@ -70,7 +71,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.model_cfg, self.plan, self.comm = model, plan, comm
         self.id_mode = id_mode
         self.ctx = ShardingContext(
-            comm, L, optimizer, backend, torch.device(device), seed, make_codec(fwd_codec), make_codec(bwd_codec)
+            comm, L, optimizer, backend, torch.device(device), seed, make_codec(fwd_codec), make_codec(bwd_codec), timer
         )
         self.check_peers(config_hash(model, plan, {"optimizer": repr(optimizer), "seed": seed, "codecs": [fwd_codec, bwd_codec]}))
         self.feature_names = model.feature_names

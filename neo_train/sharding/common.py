@@ -10,7 +10,8 @@ Vocabulary (shape letters as everywhere: b local batch, W world size, D dims):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from contextlib import nullcontext
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -45,6 +46,7 @@ class ShardingContext:
     seed: int = 0
     fwd_codec: Codec = field(default_factory=Codec)
     bwd_codec: Codec = field(default_factory=Codec)
+    timer: Any = None  # a PhaseTimer, or None: per-stage forward times
     _node_comms: tuple[Communicator, Communicator] | None = None
 
     @property
@@ -228,9 +230,13 @@ class EmbeddingSharding(nn.Module):
         self.dims = [f.table.dim for f in self.features]
 
     def forward(self, sparse) -> torch.Tensor:
-        routed = self.input_dist(sparse)
-        pooled = self.lookup(routed)
-        return self.output_dist(pooled, sparse.batch_size)
+        t = self.ctx.timer or (lambda _phase: nullcontext())
+        with t("input_dist"):
+            routed = self.input_dist(sparse)
+        with t("lookup"):
+            pooled = self.lookup(routed)
+        with t("output_dist"):
+            return self.output_dist(pooled, sparse.batch_size)
 
     # each sharding type implements these three (and local_shards for export)
     def input_dist(self, sparse):  # pragma: no cover - abstract

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..comm import Communicator
+from ..comm.timing import TimingCommunicator
 from ..config import Config, TrainConfig
 from ..data.batch import Batch
 from ..data.synthetic import SyntheticData
@@ -27,6 +28,7 @@ from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
 from ..sharding.plan import ShardingPlan
 from .metrics import binary_metrics
+from .timing import PhaseTimer
 
 __all__ = ["Trainer", "TrainResult", "build_model", "make_dense_optimizer", "make_data", "sparse_optimizer_spec"]
 
@@ -45,6 +47,7 @@ class TrainResult:
     eval_history: list[dict[str, Any]] = field(default_factory=list)
     train_seconds: float = 0.0
     samples_per_s: float = 0.0
+    step_ms: dict[str, float] = field(default_factory=dict)
 
     def to_json(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +125,9 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
+        self.timer = PhaseTimer(cuda_sync=self.device.type == "cuda")
+        if comm is not None:
+            comm = TimingCommunicator(comm, self.timer)
         self.comm = comm
         self.rank = comm.rank if comm is not None else 0
         self.world_size = comm.world_size if comm is not None else 1
@@ -130,7 +136,7 @@ class Trainer:
 
             if plan is None:
                 raise ValueError("a multi-rank Trainer needs a sharding plan")
-            self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device)
+            self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device, timer=self.timer)
         else:
             self.model = build_model(cfg, self.device)
         self.optimizer = make_dense_optimizer(cfg.train, self.model.dense_parameters())
@@ -161,21 +167,47 @@ class Trainer:
             return self.model.gather_state_dict()
         ebc = self.model.embeddings
         return {
-            "dense": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+            "dense": {n: p.detach().clone() for n, p in self.model.named_parameters() if not n.startswith("embeddings.")},
             "tables": {t.name: {"weight": ebc.table(t.name), **ebc.table_state(t.name)} for t in ebc.tables},
         }
 
     def train_step(self, batch: Batch, step: int) -> float:
         batch = batch.to(self.device)
-        logits = self.model(batch.dense, batch.sparse)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        with self.timer("forward"):
+            logits = self.model(batch.dense, batch.sparse)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
         value = self.global_mean(float(loss.detach()))  # every rank sees the global loss
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}; stopping (check learning rates and inputs)")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # embedding rows are updated here, by the fused sparse optimizer
-        self.optimizer.step()
+        with self.timer("backward"):
+            loss.backward()  # embedding rows are updated here, by the fused sparse optimizer
+        with self.timer("optimizer"):
+            self.optimizer.step()
         return value
+
+    def step_breakdown(self, steps: int) -> dict[str, float]:
+        """Mean milliseconds per step by phase, from the timer's totals over ``steps`` steps.
+
+        input_dist / lookup / output_dist: the embedding stages of the forward (their
+        collectives included); dense_forward: the rest of the forward; embedding_comm_backward:
+        the embedding collectives of the backward (mirror exchanges, DP gradient all-reduce);
+        backward_other: the rest of the backward (fused sparse update, dense gradients, DDP's
+        all-reduce as far as it is not overlapped); optimizer: the dense optimizer step.
+        """
+        t = self.timer.totals()
+        emb_fwd = sum(t.get(k, 0.0) for k in ("input_dist", "lookup", "output_dist"))
+        comm_bwd = sum(v for k, v in t.items() if k.startswith("comm:") and (k.endswith("_bwd") or k == "comm:dp_grad_allreduce"))
+        out = {
+            "input_dist": t.get("input_dist", 0.0),
+            "lookup": t.get("lookup", 0.0),
+            "output_dist": t.get("output_dist", 0.0),
+            "dense_forward": t.get("forward", 0.0) - emb_fwd,
+            "embedding_comm_backward": comm_bwd,
+            "backward_other": t.get("backward", 0.0) - comm_bwd,
+            "optimizer": t.get("optimizer", 0.0),
+        }
+        return {k: 1e3 * v / max(1, steps) for k, v in out.items()}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -224,6 +256,7 @@ class Trainer:
         train_time = self.global_max(train_time)
         result.train_seconds = train_time
         result.samples_per_s = t.steps * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
+        result.step_ms = self.step_breakdown(t.steps)
         result.eval = self._record_eval(result, t.steps)
         if self.writer is not None:
             self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, t.steps)

@@ -1,0 +1,542 @@
+"""End-to-end training throughput: neo_train vs TorchRec 1.8, same model, data and plan, on W gloo
+ranks of this CPU.
+
+    python benchmarks/e2e.py                                   # W = 2 and 4, preset small, b = 512, table-wise
+    python benchmarks/e2e.py --world-sizes 2 --sharding row_wise --steps 50 --json e2e.json --plot e2e.png
+    python benchmarks/e2e.py --quick --json out.json           # W = 2, preset tiny, 3 steps: a smoke test
+
+What runs (each framework in its own set of W fresh processes, one after the other, per W):
+    model   the DLRM of ``--preset`` (dot interaction; DCN only when low-rank), per-rank batch b
+            (``--batch-size``); TorchRec: ``torchrec.models.dlrm.DLRM`` (``DLRM_DCN`` for dcn) with
+            the same table rows / dims / pooling (sum or mean), the same bottom MLP, and top MLP +
+            1-wide logit, its EmbeddingBagCollection built on device meta and sharded by
+            ``DistributedModelParallel``, wrapped in ``DLRMTrain`` (BCE-with-logits, batch mean).
+    data    the identical per-rank batches: ``SyntheticData(model, data, b, seed, rank, W).batch(s)``
+            for s = 0, 1, ...; generated before timing; TorchRec gets ``torchrec.datasets.utils.Batch
+            (dense, batch.sparse.to_kjt(), labels)``.
+    plan    ``ShardingPlan.uniform(model, --sharding, W)``; TorchRec gets the same placement through
+            ``construct_module_sharding_plan`` (table_wise(rank=r) pinned to our rank r, row_wise(),
+            column_wise(ranks=ours), data_parallel()); if that cannot express it (column shards of
+            unequal width) the TorchRec planner with ``ParameterConstraints(sharding_types=[...])``
+            places the tables. The JSON records which, and TorchRec's resulting placement.
+    optim   sparse: fused into the backward, ``cfg.train.sparse_optimizer`` (row-wise AdaGrad =
+            fbgemm EXACT_ROWWISE_ADAGRAD) at ``sparse_lr``; TorchRec through
+            ``apply_optimizer_in_backward``. Dense: ``cfg.train.dense_optimizer`` at ``dense_lr`` on
+            both (TorchRec: KeyedOptimizerWrapper in a CombinedOptimizer with the fused one).
+    kernels fbgemm's CPU TBE on both (ours: ``kernel_backend="fbgemm"`` when it imports).
+    loop    neo_train: ``Trainer.train_step`` (forward, global-mean loss all-reduce, backward with the
+            fused update and DDP all-reduce, dense step); TorchRec: ``TrainPipelineSparseDist.
+            progress`` (which overlaps the next batch's input dist with this step).
+
+Timing: ``--warmup`` untimed steps, a barrier, then ``--steps`` timed steps; every rank times its
+own loop, one torch thread per rank (``torch.set_num_threads(1)``); the job's time is the max over
+ranks; samples/s = steps * b * W / time. neo_train's per-step breakdown comes from
+``Trainer.step_breakdown`` (mean over ranks, ms/step) plus two columns it leaves out: the loss
+all-reduce (``comm:metrics``) and what no phase timer covers ("untimed" = step time - the rest).
+
+Bytes over the wire per step, all ranks together (self-sends excluded; N_rf = ids of feature f
+on rank r, b local batch, D_f dims, s = one shard of a table, cols(s) its width):
+    input dist   sum_r sum_f [owner(s) != r for each shard s needing them] (N_rf*8 + b*4)
+                 (TW, CW: every shard's rank gets all ids; RW: a shard gets the ids in its rows,
+                 counted here as all N_rf/#shards; DP: none)
+    output dist  sum over shards s not DP: (W-1)*b*cols(s)*4      (pooled float32)
+    backward     the same again (the mirror exchange of the gradients)
+    dense        2*(W-1)*P_dense*4                                 (ring all-reduce, every rank)
+"a2a GB/s" is the embedding bytes over the time neo_train spends in input_dist + output_dist +
+embedding_comm_backward; "% a2a" compares it with a 4 MB-per-peer gloo all-to-all measured in the
+same processes (the practical ceiling of this transport on this machine).
+
+Known TorchRec 1.8 quirks here (none of them changes the work done per step, so none matters for
+throughput; numerics are NOT compared and no equality is claimed): DMP does not copy weights from
+a CPU-built model (so the tables are built on meta and DMP initialises its own random weights);
+it averages embedding gradients over ranks where neo_train scales by 1/W by its own convention;
+it reorders the output keys of the sharded EBC (SparseArch looks them up by name).
+
+If TorchRec fails to import or to run, neo_train's numbers are still reported and the TorchRec
+error is printed and written to the JSON; no TorchRec number is ever made up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from neo_train.config import Config, preset
+from neo_train.data.batch import Batch
+from neo_train.data.synthetic import SyntheticData
+from neo_train.kernels import available_backends
+from neo_train.sharding.plan import ShardingPlan, ShardingType
+from neo_train.testing import RankFailed, run_ranks
+
+__all__ = ["main", "make_config", "make_plan"]
+
+PHASES = (
+    "input_dist",
+    "lookup",
+    "output_dist",
+    "dense_forward",
+    "embedding_comm_backward",
+    "backward_other",
+    "optimizer",
+)
+EXTRA = ("loss_allreduce", "untimed")
+SHARDINGS = ("table_wise", "row_wise", "data_parallel", "column_wise")
+EBC_PATH = "model.sparse_arch.embedding_bag_collection"  # inside DLRMTrain(DLRM(...))
+
+
+@dataclass(frozen=True)
+class Run:
+    cfg: Config
+    plan: ShardingPlan
+    warmup: int
+    steps: int
+
+
+# ---- shared setup -------------------------------------------------------------------------------
+def make_config(name: str, batch_size: int, steps: int) -> Config:
+    cfg = preset(name)
+    backend = "fbgemm" if "fbgemm" in available_backends() else "reference"
+    train = cfg.train.replace(batch_size=batch_size, steps=steps, kernel_backend=backend)
+    return cfg.replace(train=train)
+
+
+def make_plan(cfg: Config, sharding: str, world_size: int) -> ShardingPlan:
+    plan = ShardingPlan.uniform(cfg.model, sharding, world_size)
+    plan.validate(cfg.model, world_size)
+    return plan
+
+
+def local_batches(cfg: Config, rank: int, world_size: int, n: int) -> list[Batch]:
+    data = SyntheticData(cfg.model, cfg.data, cfg.train.batch_size, seed=cfg.train.seed, rank=rank, world_size=world_size)
+    return [data.batch(s) for s in range(n)]
+
+
+def ids_per_feature(batches: Sequence[Batch]) -> list[float]:
+    """Mean ids per feature per batch (F,) over ``batches``."""
+    counts = torch.tensor([b.sparse.feature_value_counts() for b in batches], dtype=torch.float64)
+    return counts.mean(0).tolist()
+
+
+def a2a_ceiling_gbs(comm, mbytes_per_peer: float = 4.0, repeats: int = 5) -> float:
+    """Wire bytes (self-sends excluded, all ranks) per second of a large gloo all-to-all."""
+    W = comm.world_size
+    n = int(mbytes_per_peer * 2**20 / 4)
+    x = torch.ones(W * n)
+    comm.all_to_all_v(x, [n] * W, [n] * W)
+    best = float("inf")
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.all_to_all_v(x, [n] * W, [n] * W)
+        best = min(best, time.perf_counter() - t0)
+    worst = float(comm.all_reduce(torch.tensor([best], dtype=torch.float64), op="max")[0])
+    return W * (W - 1) * n * 4 / worst / 1e9
+
+
+# ---- neo_train on one rank ------------------------------------------------------------------------
+def neo_rank(comm, run: Run) -> dict[str, Any]:
+    from neo_train.train.trainer import Trainer
+
+    cfg, W = run.cfg, comm.world_size
+    batches = local_batches(cfg, comm.rank, W, run.warmup + run.steps)
+    trainer = Trainer(cfg, comm=comm, plan=run.plan, progress=False, train_data=batches)
+    for s in range(run.warmup):
+        trainer.train_step(batches[s], s)
+    comm.barrier()
+    trainer.timer.reset()
+    t0 = time.perf_counter()
+    loss = float("nan")
+    for s in range(run.warmup, run.warmup + run.steps):
+        loss = trainer.train_step(batches[s], s)
+    elapsed = time.perf_counter() - t0
+    totals = trainer.timer.totals()
+    breakdown = trainer.step_breakdown(run.steps)
+    step_ms = 1e3 * elapsed / run.steps
+    extra = {"loss_allreduce": 1e3 * totals.get("comm:metrics", 0.0) / run.steps}
+    extra["untimed"] = step_ms - sum(breakdown.values()) - extra["loss_allreduce"]
+    return {
+        "rank": comm.rank,
+        "seconds": elapsed,
+        "step_ms": step_ms,
+        "breakdown": breakdown,
+        "extra": extra,
+        "timer_ms_per_step": {k: 1e3 * v / run.steps for k, v in sorted(totals.items())},
+        "last_loss": loss,
+        "backend": trainer.backend,
+        "dense_params": sum(p.numel() for p in trainer.model.dense_parameters()),
+        "ids_per_feature": ids_per_feature(batches[run.warmup :]),
+        "a2a_ceiling_gbs": a2a_ceiling_gbs(comm),
+    }
+
+
+# ---- TorchRec on one rank -------------------------------------------------------------------------
+def torchrec_sparse_optimizer(kind: str):
+    import torchrec.optim as trec_optim
+
+    return {
+        "rowwise_adagrad": trec_optim.RowWiseAdagrad,
+        "adagrad": torch.optim.Adagrad,
+        "sgd": torch.optim.SGD,
+        "adam": torch.optim.Adam,
+    }[kind]
+
+
+def torchrec_model(cfg: Config):
+    """DLRMTrain(DLRM) with the same tables / MLPs as ours; tables on meta (DMP materialises them)."""
+    from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    m = cfg.model
+    tables = [
+        EmbeddingBagConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows, feature_names=list(t.feature_names),
+            pooling=PoolingType.MEAN if t.pooling == "mean" else PoolingType.SUM,
+        )
+        for t in m.tables
+    ]  # fmt: skip
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    common = dict(
+        embedding_bag_collection=ebc, dense_in_features=m.num_dense_features,
+        dense_arch_layer_sizes=list(m.bottom_mlp), over_arch_layer_sizes=[*m.top_mlp, 1],
+        dense_device=torch.device("cpu"),
+    )  # fmt: skip
+    if m.interaction == "dot":
+        dlrm = DLRM(**common)
+    elif m.interaction == "dcn" and m.dcn_low_rank > 0:
+        dlrm = DLRM_DCN(**common, dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank)
+    else:
+        raise ValueError(
+            f"interaction {m.interaction!r} (dcn_low_rank={m.dcn_low_rank}) has no torchrec.models.dlrm "
+            "equivalent (DLRM: dot; DLRM_DCN: low-rank DCN)"
+        )
+    return DLRMTrain(dlrm)
+
+
+def torchrec_plan(cfg: Config, plan: ShardingPlan, ebc, sharder, comm) -> tuple[Any, str]:
+    """Our placement as a TorchRec module plan: pinned, or (failing that) from TorchRec's planner."""
+    from torchrec.distributed.sharding_plan import (
+        column_wise,
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
+
+    W, L = plan.world_size, plan.local_world_size
+    gens = {}
+    for tp in plan.tables:
+        st = tp.sharding
+        if st == ShardingType.TABLE_WISE:
+            gens[tp.table] = table_wise(rank=tp.shards[0].rank)
+        elif st == ShardingType.ROW_WISE:
+            gens[tp.table] = row_wise()
+        elif st == ShardingType.COLUMN_WISE:
+            gens[tp.table] = column_wise(ranks=[s.rank for s in sorted(tp.shards, key=lambda s: s.col_start)])
+        elif st == ShardingType.DATA_PARALLEL:
+            gens[tp.table] = data_parallel()
+        elif st == ShardingType.TABLE_ROW_WISE:
+            gens[tp.table] = table_row_wise(host_index=plan.node_of(tp.shards[0].rank))
+        else:
+            raise ValueError(f"no TorchRec equivalent wired up for {st.value}")
+    try:
+        return construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=L, world_size=W, device_type="cpu"), "pinned"
+    except (ValueError, AssertionError) as e:
+        pinned_error = f"{type(e).__name__}: {e}"
+    import torch.distributed as dist
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+
+    constraints = {tp.table: ParameterConstraints(sharding_types=[tp.sharding.value]) for tp in plan.tables}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=W, local_world_size=L, compute_device="cpu"), constraints=constraints
+    )
+    full = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+    return full.plan[""], f"planner (pinned plan failed: {pinned_error})"
+
+
+def torchrec_rank(comm, run: Run) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torchrec
+    from torchrec.datasets.utils import Batch as TRBatch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.distributed.types import ShardingPlan as TRShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from neo_train.train.trainer import make_dense_optimizer
+
+    cfg, t = run.cfg, run.cfg.train
+    cpu = torch.device("cpu")
+    # the pipeline fetches ahead: two spare batches keep it full through the last timed step
+    batches = [
+        TRBatch(dense_features=b.dense, sparse_features=b.sparse.to_kjt(), labels=b.labels)
+        for b in local_batches(cfg, comm.rank, comm.world_size, run.warmup + run.steps + 2)
+    ]
+    model = torchrec_model(cfg)
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    opt_kwargs = {"lr": t.sparse_lr, "eps": t.eps, "weight_decay": t.weight_decay}
+    if t.sparse_optimizer == "sgd":
+        opt_kwargs = {"lr": t.sparse_lr, "weight_decay": t.weight_decay}
+    apply_optimizer_in_backward(torchrec_sparse_optimizer(t.sparse_optimizer), ebc.parameters(), opt_kwargs)
+    sharder = EmbeddingBagCollectionSharder()
+    module_plan, plan_source = torchrec_plan(cfg, run.plan, ebc, sharder, comm)
+    dmp = DistributedModelParallel(
+        module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD), device=cpu,
+        plan=TRShardingPlan({EBC_PATH: module_plan}), sharders=[sharder],
+    )  # fmt: skip
+    dense_opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: make_dense_optimizer(t, ps)
+    )
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device=cpu)
+    it = iter(batches)
+    for _ in range(run.warmup):
+        pipeline.progress(it)
+    comm.barrier()
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(run.steps):
+        out = pipeline.progress(it)
+    elapsed = time.perf_counter() - t0
+    placement = {
+        name: {"sharding": ps.sharding_type, "ranks": list(ps.ranks or []), "kernel": ps.compute_kernel}
+        for name, ps in module_plan.items()
+    }
+    return {
+        "rank": comm.rank,
+        "seconds": elapsed,
+        "step_ms": 1e3 * elapsed / run.steps,
+        "last_loss": float(out[0]) if out is not None else float("nan"),
+        "plan_source": plan_source,
+        "placement": placement,
+        "torchrec": getattr(torchrec, "__version__", "unknown"),
+    }
+
+
+# ---- bytes --------------------------------------------------------------------------------------
+def wire_bytes(cfg: Config, plan: ShardingPlan, ids: list[list[float]], dense_params: int) -> dict[str, float]:
+    """Bytes over the wire per step, all ranks together (formulas in the module docstring)."""
+    W, b = plan.world_size, cfg.train.batch_size
+    feat = {f: i for i, f in enumerate(cfg.model.feature_names)}
+    inp = out = 0.0
+    for t in cfg.model.tables:
+        tp = plan[t.name]
+        if tp.sharding == ShardingType.DATA_PARALLEL:
+            continue
+        row_split = tp.sharding in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+        for f in t.feature_names:
+            for s in tp.shards:
+                for r in range(W):
+                    if r != s.rank:
+                        n = ids[r][feat[f]] / (len(tp.shards) if row_split else 1)
+                        inp += n * 8 + b * 4
+                out += (W - 1) * b * s.cols * 4
+    return {"input_dist": inp, "output_dist": out, "backward": out, "dense_allreduce": 2.0 * (W - 1) * dense_params * 4}
+
+
+# ---- the driver -----------------------------------------------------------------------------------
+def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
+    cfg = make_config(args.preset, args.batch_size, args.steps)
+    plan = make_plan(cfg, args.sharding, W)
+    run = Run(cfg, plan, args.warmup, args.steps)
+    b = cfg.train.batch_size
+    timeout = max(180.0, 30.0 * W + 2.0 * (args.warmup + args.steps))
+    result: dict[str, Any] = {"world_size": W, "batch_size": b, "plan": plan.to_dict(), "rows": []}
+
+    t0 = time.perf_counter()
+    neo = run_ranks(neo_rank, W, run, threads=1, timeout_s=timeout, collective_timeout_s=120.0)
+    secs = max(r["seconds"] for r in neo)
+    result["neo_ranks"] = neo
+    result["rows"].append(_row("neo_train", W, b, args.steps, secs, f"{neo[0]['backend']} kernels, Trainer.train_step"))
+    result["breakdown"] = {k: sum(r["breakdown"][k] for r in neo) / W for k in PHASES}
+    result["breakdown_extra"] = {k: sum(r["extra"][k] for r in neo) / W for k in EXTRA}
+    result["breakdown_max_rank"] = {k: max(r["breakdown"][k] for r in neo) for k in PHASES}
+    bytes_ = wire_bytes(cfg, plan, [r["ids_per_feature"] for r in neo], neo[0]["dense_params"])
+    emb = bytes_["input_dist"] + bytes_["output_dist"] + bytes_["backward"]
+    emb_ms = sum(result["breakdown"][k] for k in ("input_dist", "output_dist", "embedding_comm_backward"))
+    ceiling = min(r["a2a_ceiling_gbs"] for r in neo)
+    result["bytes_per_step"] = bytes_
+    result["embedding_a2a_gbs"] = emb / emb_ms / 1e6 if emb_ms > 0 else 0.0
+    result["a2a_ceiling_gbs"] = ceiling
+    print(f"# W={W}: neo_train done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.no_torchrec:
+        return result
+
+    t0 = time.perf_counter()
+    try:
+        trec = run_ranks(torchrec_rank, W, run, threads=1, timeout_s=timeout, collective_timeout_s=120.0)
+    except (RankFailed, Exception) as e:  # noqa: BLE001 - report TorchRec's failure, keep our numbers
+        result["torchrec_error"] = f"{type(e).__name__}: {e}"
+        print(f"# W={W}: TorchRec FAILED, no TorchRec number for this W:\n{_tail(result['torchrec_error'])}", flush=True)
+        return result
+    secs = max(r["seconds"] for r in trec)
+    result["torchrec_ranks"] = trec
+    result["torchrec_plan_source"] = trec[0]["plan_source"]
+    result["rows"].append(_row("torchrec", W, b, args.steps, secs, f"DMP + TrainPipelineSparseDist, plan {trec[0]['plan_source']}"))
+    neo_sps, trec_sps = result["rows"][0]["samples_per_s"], result["rows"][1]["samples_per_s"]
+    result["ratio_neo_over_torchrec"] = neo_sps / trec_sps
+    print(f"# W={W}: TorchRec done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return result
+
+
+def _row(framework: str, W: int, b: int, steps: int, seconds: float, note: str) -> dict[str, Any]:
+    return {
+        "world_size": W,
+        "framework": framework,
+        "samples_per_s": steps * b * W / seconds,
+        "ms_per_step": 1e3 * seconds / steps,
+        "seconds": seconds,
+        "note": note,
+    }
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads_per_rank": 1,
+        "backends": available_backends(),
+        "loadavg_1m_at_start": os.getloadavg()[0],
+    }
+    for mod in ("torchrec", "fbgemm_gpu"):
+        try:
+            info[mod] = getattr(__import__(mod), "__version__", "unknown")
+        except Exception as e:  # noqa: BLE001 - a broken install is information, not a crash
+            info[mod] = f"unavailable ({type(e).__name__}: {e})"
+    return info
+
+
+def print_tables(worlds: list[dict[str, Any]]) -> None:
+    head = f"{'W':>3} {'framework':<10} {'samples/s':>11} {'ms/step':>9} {'neo/torchrec':>13}  note"
+    print(head + "\n" + "-" * len(head))
+    for w in worlds:
+        ratio = w.get("ratio_neo_over_torchrec")
+        for r in w["rows"]:
+            rs = f"{ratio:.2f}" if ratio is not None and r["framework"] == "neo_train" else ""
+            print(f"{r['world_size']:>3} {r['framework']:<10} {r['samples_per_s']:>11,.0f} {r['ms_per_step']:>9.2f} {rs:>13}  {r['note']}")
+        if "torchrec_error" in w:
+            msg = w["torchrec_error"].strip().splitlines()[-1][:120]
+            print(f"{w['world_size']:>3} {'torchrec':<10} {'FAILED':>11} {'-':>9} {'-':>13}  {msg}")
+    print()
+    cols = [*PHASES, *EXTRA]
+    short = {"embedding_comm_backward": "emb_comm_bwd", "loss_allreduce": "loss_allred"}
+    names = [short.get(c, c) for c in cols]
+    head = f"{'W':>3} " + " ".join(f"{n:>14}" for n in names) + f" {'step':>8} {'emb MB':>7} {'a2a GB/s':>9} {'% a2a':>6}"
+    print("neo_train per-step breakdown (ms/step, mean over ranks):")
+    print(head + "\n" + "-" * len(head))
+    for w in worlds:
+        vals = [w["breakdown"][k] for k in PHASES] + [w["breakdown_extra"][k] for k in EXTRA]
+        emb = sum(w["bytes_per_step"][k] for k in ("input_dist", "output_dist", "backward"))
+        pct = 100 * w["embedding_a2a_gbs"] / w["a2a_ceiling_gbs"] if w["a2a_ceiling_gbs"] else 0.0
+        print(
+            f"{w['world_size']:>3} " + " ".join(f"{v:>14.2f}" for v in vals) + f" {w['rows'][0]['ms_per_step']:>8.2f}"
+            f" {emb / 1e6:>7.2f} {w['embedding_a2a_gbs']:>9.2f} {pct:>5.1f}%"
+        )
+
+
+def plot(worlds: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [*PHASES, *EXTRA]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = list(range(len(worlds)))
+    bottom = [0.0] * len(worlds)
+    cmap = plt.get_cmap("tab10")
+    for i, c in enumerate(cols):
+        vals = [max(0.0, (w["breakdown"] | w["breakdown_extra"])[c]) for w in worlds]
+        ax.bar(xs, vals, 0.5, bottom=bottom, label=c, color=cmap(i))
+        bottom = [a + v for a, v in zip(bottom, vals)]
+    trec = [(x, r["ms_per_step"]) for x, w in zip(xs, worlds) for r in w["rows"] if r["framework"] == "torchrec"]
+    if trec:
+        ax.hlines([y for _, y in trec], [x - 0.35 for x, _ in trec], [x + 0.35 for x, _ in trec],
+                  colors="black", linewidths=2.5, label="TorchRec ms/step", zorder=5)  # fmt: skip
+    ax.set_xticks(xs, [f"W={w['world_size']}" for w in worlds])
+    ax.set_ylabel("ms / step")
+    ax.set_title("neo_train step breakdown (mean over ranks) vs TorchRec")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-sizes", default=None, help="comma list of W (default 2,4; 2 with --quick)")
+    p.add_argument("--preset", default=None, help="model preset (default small; tiny with --quick)")
+    p.add_argument("--batch-size", type=int, default=None, help="per-rank batch b (default 512; 64 with --quick)")
+    p.add_argument("--sharding", default="table_wise", choices=SHARDINGS, help="sharding type of every table")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 3 with --quick)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="W=2, tiny preset, 3 steps: a smoke test, not a measurement")
+    p.add_argument("--no-torchrec", action="store_true", help="run neo_train only")
+    p.add_argument("--json", default=None, help="write every number and the machine info here")
+    p.add_argument("--plot", default=None, help="write neo_train's breakdown as a stacked-bar PNG here")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.world_sizes = [int(w) for w in (args.world_sizes or ("2" if q else "2,4")).split(",")]
+    args.preset = args.preset or ("tiny" if q else "small")
+    args.batch_size = args.batch_size or (64 if q else 512)
+    args.steps = args.steps or (3 if q else 30)
+    args.warmup = args.warmup if args.warmup is not None else (1 if q else 5)
+
+    info = machine_info()
+    cfg = make_config(args.preset, args.batch_size, args.steps)
+    print(
+        f"# {info['cpu']}, {info['cpu_count']} CPUs, torch {info['torch']}, torchrec {info['torchrec']}, "
+        f"fbgemm_gpu {info['fbgemm_gpu']}, 1 thread/rank, load average {info['loadavg_1m_at_start']:.2f}\n"
+        f"# preset {args.preset} ({len(cfg.model.tables)} tables, {cfg.model.num_embedding_params / 1e6:.2f}M "
+        f"embedding params, {cfg.model.interaction}), b={args.batch_size}/rank, {args.sharding}, "
+        f"sparse {cfg.train.sparse_optimizer} lr {cfg.train.sparse_lr}, dense {cfg.train.dense_optimizer} "
+        f"lr {cfg.train.dense_lr}, kernels {cfg.train.kernel_backend}, warmup {args.warmup} + {args.steps} timed steps",
+        flush=True,
+    )
+    worlds = []
+    for W in args.world_sizes:
+        worlds.append(run_world(args, W))
+    print()
+    print_tables(worlds)
+    errors = [w for w in worlds if "torchrec_error" in w]
+    for w in errors:
+        print(f"\nTorchRec error at W={w['world_size']} (full text in the JSON):\n{_tail(w['torchrec_error'])}")
+    if args.json:
+        report = {"machine": info, "args": vars(args), "argv": sys.argv, "config": cfg.to_dict(), "worlds": worlds,
+                  "rows": [r for w in worlds for r in w["rows"]]}  # fmt: skip
+        if errors:
+            report["torchrec_error"] = errors[0]["torchrec_error"]
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.plot:
+        plot(worlds, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""A Communicator that times every collective by tag and forwards it to another.
+
+Synchronous collectives are timed end to end; asynchronous ones from start to ``wait()``
+returning. Totals land in a PhaseTimer under ``comm:<tag>``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from .interface import Communicator, Handle
+
+__all__ = ["TimingCommunicator"]
+
+
+class TimingCommunicator(Communicator):
+    def __init__(self, inner: Communicator, timer) -> None:
+        self.inner, self.timer = inner, timer
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def __getattr__(self, name):  # group, device, name, ... of the wrapped communicator
+        return getattr(self.inner, name)
+
+    def _timed(self, tag: str, call, async_op: bool):
+        start = time.perf_counter()
+        out = call()
+        key = f"comm:{tag or 'untagged'}"
+        if not async_op:
+            self.timer.add(key, time.perf_counter() - start)
+            return out
+
+        def wait() -> torch.Tensor:
+            r = out.wait()
+            self.timer.add(key, time.perf_counter() - start)
+            return r
+
+        return Handle(wait, _future=out._future)
+
+    def all_to_all_v(self, x, in_splits, out_splits, *, async_op=False, tag=""):
+        return self._timed(tag, lambda: self.inner.all_to_all_v(x, in_splits, out_splits, async_op=async_op, tag=tag), async_op)
+
+    def all_gather_v(self, x, sizes, *, async_op=False, tag=""):
+        return self._timed(tag, lambda: self.inner.all_gather_v(x, sizes, async_op=async_op, tag=tag), async_op)
+
+    def all_reduce(self, x, op="sum", *, async_op=False, tag=""):
+        return self._timed(tag, lambda: self.inner.all_reduce(x, op, async_op=async_op, tag=tag), async_op)
+
+    def reduce_scatter_v(self, x, splits, *, async_op=False, tag=""):
+        return self._timed(tag, lambda: self.inner.reduce_scatter_v(x, splits, async_op=async_op, tag=tag), async_op)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def subgroup(self, ranks: Sequence[int], name: str = "sub"):
+        g = self.inner.subgroup(ranks, name=name)  # type: ignore[call-arg]
+        return None if g is None else TimingCommunicator(g, self.timer)
+
+    def node_groups(self, local_world_size: int):
+        intra, cross = self.inner.node_groups(local_world_size)  # type: ignore[attr-defined]
+        return TimingCommunicator(intra, self.timer), TimingCommunicator(cross, self.timer)

@@ -1,0 +1,84 @@
+import pytest
+
+from neo_train.config import ModelConfig, TableConfig
+from neo_train.sharding import Shard, ShardingPlan, ShardingType, TablePlan
+from neo_train.sharding.plan import even_splits
+
+MODEL = ModelConfig(
+    (TableConfig("a", 10, 4), TableConfig("b", 3, 5), TableConfig("c", 100, 8), TableConfig("d", 1, 2)),
+    bottom_mlp=(4,), interaction="cat",
+)
+
+
+def test_even_splits():
+    assert even_splits(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert even_splits(2, 2) == [(0, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("st", [t.value for t in ShardingType])
+@pytest.mark.parametrize("W, L", [(1, 1), (2, 2), (3, 3), (4, 2), (8, 4)])
+def test_uniform_plans_validate_and_round_trip(st, W, L):
+    plan = ShardingPlan.uniform(MODEL, st, W, L)
+    plan.validate(MODEL, W, L)
+    assert ShardingPlan.from_json(plan.to_json()) == plan
+    for tp in plan.tables:
+        assert tp.sharding == ShardingType(st)
+
+
+def test_row_wise_covers_rows_even_when_fewer_rows_than_ranks():
+    plan = ShardingPlan.uniform(MODEL, "row_wise", 4)
+    assert [(s.row_start, s.row_end) for s in plan["b"].shards] == [(0, 1), (1, 2), (2, 3)]
+    assert len(plan["d"].shards) == 1
+    cw = ShardingPlan.uniform(MODEL, "column_wise", 4)
+    assert [(s.col_start, s.col_end) for s in cw["d"].shards] == [(0, 1), (1, 2)]
+
+
+def test_table_wise_balances_by_size():
+    plan = ShardingPlan.uniform(MODEL, "table_wise", 2)
+    assert plan["c"].shards[0].rank != plan["a"].shards[0].rank  # the two largest tables apart
+
+
+def test_overrides_and_file_round_trip(tmp_path):
+    plan = ShardingPlan.uniform(MODEL, "table_wise", 4, 2).with_overrides(MODEL, {"c": "table_row_wise", "a": "data_parallel"})
+    plan.validate(MODEL, 4, 2)
+    assert plan["c"].sharding == ShardingType.TABLE_ROW_WISE and len({s.rank // 2 for s in plan["c"].shards}) == 1
+    path = tmp_path / "plan.json"
+    plan.to_json(str(path))
+    assert ShardingPlan.from_json(str(path)) == plan
+    with pytest.raises(ValueError, match="table 'zz'"):
+        plan.with_overrides(MODEL, {"zz": "row_wise"})
+
+
+def _plan_with(table_plan: TablePlan, W=2, L=2) -> ShardingPlan:
+    base = ShardingPlan.uniform(MODEL, "table_wise", W, L)
+    return ShardingPlan(W, L, tuple(table_plan if tp.table == table_plan.table else tp for tp in base.tables))
+
+
+@pytest.mark.parametrize(
+    "plan, match",
+    [
+        (ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables[:3]), r"does not place table\(s\) \['d'\]"),
+        (_plan_with(TablePlan("a", ShardingType.TABLE_WISE, (Shard(2, 0, 10, 0, 4),))), "table 'a'.*rank 2"),
+        (_plan_with(TablePlan("c", ShardingType.ROW_WISE, (Shard(0, 0, 50, 0, 8), Shard(1, 60, 100, 0, 8)))), r"table 'c'.*rows \[50, 60\)"),
+        (_plan_with(TablePlan("c", ShardingType.ROW_WISE, (Shard(0, 0, 60, 0, 8), Shard(0, 60, 100, 0, 8)))), "table 'c'.*one rank"),
+        (_plan_with(TablePlan("a", ShardingType.COLUMN_WISE, (Shard(0, 0, 10, 0, 3),))), r"table 'a'.*columns \[3, 4\)"),
+        (_plan_with(TablePlan("a", ShardingType.DATA_PARALLEL, (Shard(0, 0, 10, 0, 4),))), "table 'a'.*every rank"),
+        (_plan_with(TablePlan("c", ShardingType.TABLE_ROW_WISE, (Shard(1, 0, 50, 0, 8), Shard(2, 50, 100, 0, 8))), W=4, L=2), "table 'c'.*span nodes"),
+        (ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables + (TablePlan("zz", ShardingType.TABLE_WISE, (Shard(0, 0, 1, 0, 1),)),)), r"table\(s\) \['zz'\] that the model does not have"),
+    ],
+)
+def test_bad_plans_name_the_table(plan, match):
+    with pytest.raises(ValueError, match=match):
+        plan.validate(MODEL)
+
+
+def test_world_size_mismatch():
+    plan = ShardingPlan.uniform(MODEL, "row_wise", 4, 2)
+    with pytest.raises(ValueError, match="world size 4, but the job has 2 ranks"):
+        plan.validate(MODEL, 2, 2)
+    with pytest.raises(ValueError, match="multiple of the local world size"):
+        ShardingPlan(3, 2)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ShardingPlan.from_json("{nope")
+    with pytest.raises(ValueError, match="unknown sharding type"):
+        ShardingPlan.uniform(MODEL, "diagonal", 2)
