@@ -62,11 +62,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import sys
 import time
-import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -267,6 +268,7 @@ def torchrec_plan(cfg: Config, plan: ShardingPlan, ebc, sharder, comm) -> tuple[
 
 
 def torchrec_rank(comm, run: Run) -> dict[str, Any]:
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # torchrec trips a deprecation warning
     import torch.distributed as dist
     import torchrec
     from torchrec.datasets.utils import Batch as TRBatch
@@ -296,10 +298,12 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
     apply_optimizer_in_backward(torchrec_sparse_optimizer(t.sparse_optimizer), ebc.parameters(), opt_kwargs)
     sharder = EmbeddingBagCollectionSharder()
     module_plan, plan_source = torchrec_plan(cfg, run.plan, ebc, sharder, comm)
-    dmp = DistributedModelParallel(
-        module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD), device=cpu,
-        plan=TRShardingPlan({EBC_PATH: module_plan}), sharders=[sharder],
-    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch 2.13's broadcast_buffers deprecation, in DMP's DDP
+        dmp = DistributedModelParallel(
+            module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD), device=cpu,
+            plan=TRShardingPlan({EBC_PATH: module_plan}), sharders=[sharder],
+        )  # fmt: skip
     dense_opt = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: make_dense_optimizer(t, ps)
     )

@@ -9,18 +9,9 @@ from torch import nn
 from ..config import TableConfig
 from ..data.batch import SparseFeatures
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
+from ..kernels.init import init_table
 
 __all__ = ["EmbeddingBagCollection", "init_table"]
-
-
-def init_table(seed: int, table_index: int, rows: int, dim: int) -> torch.Tensor:
-    """The initial weights of logical table ``table_index``: uniform(+-sqrt(1/rows)), (rows, dim).
-
-    A pure function of (seed, table index), so a table starts identical however it is sharded.
-    """
-    g = torch.Generator().manual_seed(seed * 1_000_003 + table_index)
-    bound = (1.0 / rows) ** 0.5
-    return (torch.rand(rows, dim, generator=g) * 2.0 - 1.0) * bound
 
 
 class EmbeddingBagCollection(nn.Module):
