@@ -23,7 +23,8 @@ What runs (each framework in its own set of W fresh processes, one after the oth
             fbgemm EXACT_ROWWISE_ADAGRAD) at ``sparse_lr``; TorchRec through
             ``apply_optimizer_in_backward``. Dense: ``cfg.train.dense_optimizer`` at ``dense_lr`` on
             both (TorchRec: KeyedOptimizerWrapper in a CombinedOptimizer with the fused one).
-    kernels fbgemm's CPU TBE on both (ours: ``kernel_backend="fbgemm"`` when it imports).
+    kernels fbgemm's CPU TBE on both (ours: ``kernel_backend="fbgemm"`` when it imports), except
+            that TorchRec runs data_parallel tables with its DENSE kernel (autograd + DDP).
     loop    neo_train: ``Trainer.train_step`` (forward, global-mean loss all-reduce, backward with the
             fused update and DDP all-reduce, dense step); TorchRec: ``TrainPipelineSparseDist.
             progress`` (which overlaps the next batch's input dist with this step).
@@ -33,9 +34,15 @@ own loop, one torch thread per rank (``torch.set_num_threads(1)``); the job's ti
 ranks; samples/s = steps * b * W / time. Each framework runs ``--repeats`` times per W (fresh
 processes, order alternating: neo first, TorchRec first, ...) and the median repeat is reported
 (all repeats are in the table and the JSON): this 2-core machine may be shared, and the script
-prints how busy it was before each W. neo_train's per-step breakdown comes from
-``Trainer.step_breakdown`` (mean over ranks, ms/step) plus two columns it leaves out: the loss
-all-reduce (``comm:metrics``) and what no phase timer covers ("untimed" = step time - the rest).
+prints how busy it was before each W. "CPU ms/step" is the CPU time (``time.process_time``, all
+threads, gloo's included) of the timed loop summed over ranks, per step: with more ranks than
+cores, throughput is bounded by cores / CPU time per sample, whatever the per-phase wall times
+say; CPU time far below cores x wall time means the ranks mostly wait on each other.
+
+neo_train's per-step breakdown comes from ``Trainer.step_breakdown`` (mean over ranks, ms/step)
+plus two columns it leaves out: the loss all-reduce (``comm:metrics``) and what no phase timer
+covers ("untimed" = step time - the rest). Phases that end in a blocking collective include the
+wait for the slowest rank, so they show where ranks wait, not only what they compute.
 
 Bytes over the wire per step, all ranks together (self-sends excluded; N_rf = ids of feature f
 on rank r, b local batch, D_f dims, s = one shard of a table, cols(s) its width):
@@ -119,7 +126,8 @@ def make_plan(cfg: Config, sharding: str, world_size: int) -> ShardingPlan:
 
 
 def local_batches(cfg: Config, rank: int, world_size: int, n: int) -> list[Batch]:
-    data = SyntheticData(cfg.model, cfg.data, cfg.train.batch_size, seed=cfg.train.seed, rank=rank, world_size=world_size)
+    t = cfg.train
+    data = SyntheticData(cfg.model, cfg.data, t.batch_size, seed=t.seed, rank=rank, world_size=world_size)
     return [data.batch(s) for s in range(n)]
 
 
@@ -156,11 +164,11 @@ def neo_rank(comm, run: Run) -> dict[str, Any]:
         trainer.train_step(batches[s], s)
     comm.barrier()
     trainer.timer.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = float("nan")
     for s in range(run.warmup, run.warmup + run.steps):
         loss = trainer.train_step(batches[s], s)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     totals = trainer.timer.totals()
     breakdown = trainer.step_breakdown(run.steps)
     step_ms = 1e3 * elapsed / run.steps
@@ -169,6 +177,7 @@ def neo_rank(comm, run: Run) -> dict[str, Any]:
     return {
         "rank": comm.rank,
         "seconds": elapsed,
+        "cpu_seconds": cpu,
         "step_ms": step_ms,
         "breakdown": breakdown,
         "extra": extra,
@@ -225,7 +234,7 @@ def torchrec_model(cfg: Config):
     return DLRMTrain(dlrm)
 
 
-def torchrec_plan(cfg: Config, plan: ShardingPlan, ebc, sharder, comm) -> tuple[Any, str]:
+def torchrec_plan(plan: ShardingPlan, ebc, sharder) -> tuple[Any, str]:
     """Our placement as a TorchRec module plan: pinned, or (failing that) from TorchRec's planner."""
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -253,7 +262,8 @@ def torchrec_plan(cfg: Config, plan: ShardingPlan, ebc, sharder, comm) -> tuple[
         else:
             raise ValueError(f"no TorchRec equivalent wired up for {st.value}")
     try:
-        return construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=L, world_size=W, device_type="cpu"), "pinned"
+        pinned = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=L, world_size=W, device_type="cpu")
+        return pinned, "pinned"
     except (ValueError, AssertionError) as e:
         pinned_error = f"{type(e).__name__}: {e}"
     import torch.distributed as dist
@@ -297,7 +307,7 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
         opt_kwargs = {"lr": t.sparse_lr, "weight_decay": t.weight_decay}
     apply_optimizer_in_backward(torchrec_sparse_optimizer(t.sparse_optimizer), ebc.parameters(), opt_kwargs)
     sharder = EmbeddingBagCollectionSharder()
-    module_plan, plan_source = torchrec_plan(cfg, run.plan, ebc, sharder, comm)
+    module_plan, plan_source = torchrec_plan(run.plan, ebc, sharder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch 2.13's broadcast_buffers deprecation, in DMP's DDP
         dmp = DistributedModelParallel(
@@ -313,11 +323,11 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
     for _ in range(run.warmup):
         pipeline.progress(it)
     comm.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = None
     for _ in range(run.steps):
         out = pipeline.progress(it)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     placement = {
         name: {"sharding": ps.sharding_type, "ranks": list(ps.ranks or []), "kernel": ps.compute_kernel}
         for name, ps in module_plan.items()
@@ -325,6 +335,7 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
     return {
         "rank": comm.rank,
         "seconds": elapsed,
+        "cpu_seconds": cpu,
         "step_ms": 1e3 * elapsed / run.steps,
         "last_loss": float(out[0]) if out is not None else float("nan"),
         "plan_source": plan_source,
@@ -364,7 +375,8 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
     timeout = max(180.0, 30.0 * W + 2.0 * (args.warmup + args.steps))
     result: dict[str, Any] = {"world_size": W, "batch_size": b, "plan": plan.to_dict(), "rows": []}
     result["background_cpu_busy"] = cpu_busy()
-    print(f"# W={W}: machine busy {100 * result['background_cpu_busy']:.0f}% before starting (other processes)", flush=True)
+    busy = result["background_cpu_busy"]
+    print(f"# W={W}: machine busy {100 * busy:.0f}% before starting (other processes)", flush=True)
     reps: dict[str, list[list[dict[str, Any]]]] = {"neo_train": [], "torchrec": []}
     for i in range(args.repeats):
         order = ("neo_train", "torchrec") if i % 2 == 0 else ("torchrec", "neo_train")
@@ -379,7 +391,8 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
                 if fw == "neo_train":
                     raise
                 result["torchrec_error"] = f"{type(e).__name__}: {e}"
-                print(f"# W={W}: TorchRec FAILED, no TorchRec number for this W:\n{_tail(result['torchrec_error'])}", flush=True)
+                err = _tail(result["torchrec_error"])
+                print(f"# W={W}: TorchRec FAILED, no TorchRec number for this W:\n{err}", flush=True)
                 continue
             reps[fw].append(ranks)
             secs = max(r["seconds"] for r in ranks)
@@ -389,7 +402,7 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
     neo = _median_repeat(reps["neo_train"])
     result["neo_ranks"] = neo
     result["neo_repeats_seconds"] = [max(r["seconds"] for r in rep) for rep in reps["neo_train"]]
-    result["rows"].append(_row("neo_train", W, b, args.steps, result["neo_repeats_seconds"],
+    result["rows"].append(_row("neo_train", W, b, args.steps, result["neo_repeats_seconds"], neo,
                                f"{neo[0]['backend']} kernels, Trainer.train_step"))  # fmt: skip
     result["breakdown"] = {k: sum(r["breakdown"][k] for r in neo) / W for k in PHASES}
     result["breakdown_extra"] = {k: sum(r["extra"][k] for r in neo) / W for k in EXTRA}
@@ -406,7 +419,7 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
         result["torchrec_ranks"] = trec
         result["torchrec_plan_source"] = trec[0]["plan_source"]
         result["torchrec_repeats_seconds"] = [max(r["seconds"] for r in rep) for rep in reps["torchrec"]]
-        result["rows"].append(_row("torchrec", W, b, args.steps, result["torchrec_repeats_seconds"],
+        result["rows"].append(_row("torchrec", W, b, args.steps, result["torchrec_repeats_seconds"], trec,
                                    f"DMP + TrainPipelineSparseDist, plan {trec[0]['plan_source']}"))  # fmt: skip
         result["ratio_neo_over_torchrec"] = result["rows"][0]["samples_per_s"] / result["rows"][1]["samples_per_s"]
     return result
@@ -434,7 +447,8 @@ def cpu_busy(seconds: float = 1.0) -> float:
     return 1.0 - (i1 - i0) / max(1, t1 - t0)
 
 
-def _row(framework: str, W: int, b: int, steps: int, seconds: list[float], note: str) -> dict[str, Any]:
+def _row(framework: str, W: int, b: int, steps: int, seconds: list[float], ranks: list[dict[str, Any]],
+         note: str) -> dict[str, Any]:  # fmt: skip
     med = sorted(seconds)[(len(seconds) - 1) // 2]
     return {
         "world_size": W,
@@ -443,6 +457,7 @@ def _row(framework: str, W: int, b: int, steps: int, seconds: list[float], note:
         "ms_per_step": 1e3 * med / steps,
         "seconds": med,
         "samples_per_s_repeats": [steps * b * W / s for s in seconds],
+        "cpu_ms_per_step": 1e3 * sum(r["cpu_seconds"] for r in ranks) / steps,  # all ranks, median repeat
         "note": note,
     }
 
@@ -476,22 +491,26 @@ def machine_info() -> dict[str, Any]:
 
 
 def print_tables(worlds: list[dict[str, Any]]) -> None:
-    head = f"{'W':>3} {'framework':<10} {'samples/s':>11} {'ms/step':>9} {'neo/torchrec':>13} {'repeats (samples/s)':>27}  note"
+    head = (f"{'W':>3} {'framework':<10} {'samples/s':>11} {'ms/step':>9} {'neo/torchrec':>13} {'CPU ms/step':>12} "
+            f"{'repeats (samples/s)':>27}  note")  # fmt: skip
     print(head + "\n" + "-" * len(head))
     for w in worlds:
         ratio = w.get("ratio_neo_over_torchrec")
         for r in w["rows"]:
             rs = f"{ratio:.2f}" if ratio is not None and r["framework"] == "neo_train" else ""
             rep = " ".join(f"{v:,.0f}" for v in r["samples_per_s_repeats"])
-            print(f"{r['world_size']:>3} {r['framework']:<10} {r['samples_per_s']:>11,.0f} {r['ms_per_step']:>9.2f} {rs:>13} {rep:>27}  {r['note']}")
+            print(f"{r['world_size']:>3} {r['framework']:<10} {r['samples_per_s']:>11,.0f} {r['ms_per_step']:>9.2f} "
+                  f"{rs:>13} "
+                  f"{r['cpu_ms_per_step']:>12.2f} {rep:>27}  {r['note']}")  # fmt: skip
         if "torchrec_error" in w:
             msg = w["torchrec_error"].strip().splitlines()[-1][:120]
-            print(f"{w['world_size']:>3} {'torchrec':<10} {'FAILED':>11} {'-':>9} {'-':>13} {'-':>27}  {msg}")
+            print(f"{w['world_size']:>3} {'torchrec':<10} {'FAILED':>11} {'-':>9} {'-':>13} {'-':>12} {'-':>27}  {msg}")
     print()
     cols = [*PHASES, *EXTRA]
     short = {"embedding_comm_backward": "emb_comm_bwd", "loss_allreduce": "loss_allred"}
     names = [short.get(c, c) for c in cols]
-    head = f"{'W':>3} " + " ".join(f"{n:>14}" for n in names) + f" {'step':>8} {'emb MB':>7} {'a2a GB/s':>9} {'% a2a':>6}"
+    head = f"{'W':>3} " + " ".join(f"{n:>14}" for n in names)
+    head += f" {'step':>8} {'emb MB':>7} {'a2a GB/s':>9} {'% a2a':>6}"
     print("neo_train per-step breakdown (ms/step, mean over ranks):")
     print(head + "\n" + "-" * len(head))
     for w in worlds:

@@ -7,6 +7,7 @@
     neo-train train --nproc 4 --sharding table_row_wise --local-world-size 2   # 2 faked nodes
     torchrun --nproc-per-node 8 -m neo_train train --plan plan.json
     neo-train config --preset criteo_kaggle --out criteo.toml
+    neo-train plan --preset model_a --nodes 16 --gpus-per-node 8 --topology zionex
     neo-train info                          # versions and kernel backends
 """
 from __future__ import annotations
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-scale", type=float, default=1.0)
     c.add_argument("--out", type=Path, help="write here instead of printing")
 
+    from .sharding.plan_cli import add_plan_arguments
+
+    add_plan_arguments(sub.add_parser("plan", help="plan a model's sharding for a cluster (cost model + placement)"))
     sub.add_parser("info", help="versions and available kernel backends")
     return p
 
@@ -117,15 +121,50 @@ def _launch_local(nproc: int, argv: Sequence[str]) -> int:
     return 0
 
 
-def _plan_for(cfg, world_size: int, local_world_size: int):
+def _plan_for(cfg, comm, local_world_size: int, device: str):
+    """The job's plan: the plan file, one type for every table, or (auto) the planner's, made on
+    rank 0 and broadcast so every rank runs the identical plan."""
     from .sharding import ShardingPlan
 
+    W = comm.world_size
     if cfg.dist.plan_path:
         plan = ShardingPlan.from_json(cfg.dist.plan_path)
+    elif cfg.dist.sharding != "auto":
+        plan = ShardingPlan.uniform(cfg.model, cfg.dist.sharding, W, local_world_size)
     else:
-        plan = ShardingPlan.uniform(cfg.model, cfg.dist.sharding, world_size, local_world_size)
-    plan.validate(cfg.model, world_size, local_world_size)
+        text = _auto_plan(cfg, W, local_world_size, device).to_json() if comm.rank == 0 else ""
+        plan = ShardingPlan.from_json(_broadcast_text(comm, text))
+    plan.validate(cfg.model, W, local_world_size)
     return plan
+
+
+def _auto_plan(cfg, world_size: int, local_world_size: int, device: str):
+    from .sharding.planner import PlannerOptions, plan_sharding
+    from .topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+
+    topo = cfg.dist.topology or ("cpu_local" if device == "cpu" else "zionex")
+    cluster = preset_cluster(topo) if topo in CLUSTER_PRESETS else ClusterSpec.load(topo)
+    cluster = cluster.replace(nodes=world_size // local_world_size, devices_per_node=local_world_size)
+    opts = PlannerOptions(
+        batch_size=cfg.train.batch_size, optimizer=cfg.train.sparse_optimizer, dense_optimizer=cfg.train.dense_optimizer,
+        fwd_comm_dtype=cfg.dist.forward_comm_dtype, bwd_comm_dtype=cfg.dist.backward_comm_dtype,
+        # the fbgemm kernels need column shards in multiples of 4
+        min_col_width=4,
+    )
+    result = plan_sharding(cfg.model, cluster, opts)
+    print(f"neo-train: planned with the cost model for {cluster.describe()}: {result.counts}, "
+          f"estimated imbalance {result.estimate.imbalance:.3f}", flush=True)
+    return result.plan
+
+
+def _broadcast_text(comm, text: str) -> str:
+    """Rank 0's string on every rank (through the comm layer)."""
+    import torch
+
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    sizes = [int(v) for v in comm.all_gather_v(torch.tensor([data.numel()]), [1] * comm.world_size, tag="plan_broadcast")]
+    everything = comm.all_gather_v(data, sizes, tag="plan_broadcast")
+    return bytes(everything[: sizes[0]].tolist()).decode()
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -152,9 +191,10 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         comm = init_distributed(timeout_s=cfg.dist.timeout_s)
         rank, world = comm.rank, comm.world_size
-        L = args.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        plan = _plan_for(cfg, world, L)
     device = args.device or (f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    if comm is not None:
+        L = args.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        plan = _plan_for(cfg, comm, L, "cpu" if device == "cpu" else "cuda")
     log_dir = args.log_dir
     if log_dir is None:
         log_dir = f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -210,7 +250,9 @@ def _info(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info}
+    from .sharding.plan_cli import plan_command
+
+    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

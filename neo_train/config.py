@@ -220,7 +220,7 @@ class DataConfig(_Replace):
         _check(self.source != "criteo" or bool(self.path), "data.path", "the 'criteo' source needs a path")
 
 
-SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "table_column_wise")
+SHARDING_TYPES = ("auto", "table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "table_column_wise")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 
 
@@ -228,8 +228,12 @@ COMM_DTYPES = ("fp32", "fp16", "bf16")
 class DistConfig(_Replace):
     """How a multi-rank run shards its tables and talks."""
 
-    sharding: str = "table_wise"
-    """Sharding type of every table when no plan file is given (see neo_train.sharding.plan)."""
+    sharding: str = "auto"
+    """Sharding when no plan file is given: 'auto' (the planner, run on rank 0 and broadcast) or
+    one type for every table (see neo_train.sharding.plan)."""
+    topology: str = ""
+    """Cluster description the 'auto' planner uses: a preset (zionex, opera_study, cpu_local) or a
+    TOML file; empty: cpu_local on CPU, zionex on GPUs (nodes and devices per node from the job)."""
     plan_path: str = ""
     """A ShardingPlan JSON file; overrides `sharding`."""
     forward_comm_dtype: str = "fp32"

@@ -36,7 +36,7 @@ def _cfg(kind: str, interaction: str = "dot") -> Config:
 
 def _sharded(comm, cfg, plan_dict):
     t = Trainer(cfg, comm=comm, plan=ShardingPlan.from_dict(plan_dict), progress=False)
-    losses = [t.train_step(next(t.train_data), s) for s in range(K)]
+    losses = t.global_means([t.train_step(next(t.train_data), s) for s in range(K)])
     state = t.gather_state_dict()
     return losses, state if comm.rank == 0 else None
 

@@ -2,7 +2,7 @@ import pytest
 
 from neo_train.config import ModelConfig, TableConfig
 from neo_train.sharding import Shard, ShardingPlan, ShardingType, TablePlan
-from neo_train.sharding.plan import even_splits
+from neo_train.sharding.plan import column_splits, even_splits
 
 MODEL = ModelConfig(
     (TableConfig("a", 10, 4), TableConfig("b", 3, 5), TableConfig("c", 100, 8), TableConfig("d", 1, 2)),
@@ -13,6 +13,11 @@ MODEL = ModelConfig(
 def test_even_splits():
     assert even_splits(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert even_splits(2, 2) == [(0, 1), (1, 2)]
+    assert column_splits(8, 4) == [(0, 4), (4, 8)]  # multiples of 4 where the dim allows
+    assert column_splits(12, 2) == [(0, 8), (8, 12)]
+    assert column_splits(5, 2) == [(0, 3), (3, 5)]
+    plan = ShardingPlan.table_plan("table_row_wise", "t", 10, 8, 4, 2, ranks=(r for r in (2, 3)))
+    assert [s.rank for s in plan.shards] == [2, 3]  # a generator of ranks is read once
 
 
 @pytest.mark.parametrize("st", [t.value for t in ShardingType])
@@ -31,11 +36,12 @@ def test_row_wise_covers_rows_even_when_fewer_rows_than_ranks():
     assert len(plan["d"].shards) == 1
     cw = ShardingPlan.uniform(MODEL, "column_wise", 4)
     assert [(s.col_start, s.col_end) for s in cw["d"].shards] == [(0, 1), (1, 2)]
+    assert [(s.col_start, s.col_end) for s in cw["c"].shards] == [(0, 4), (4, 8)]
 
 
-def test_table_wise_balances_by_size():
+def test_table_wise_balances_by_lookup_work():
     plan = ShardingPlan.uniform(MODEL, "table_wise", 2)
-    assert plan["c"].shards[0].rank != plan["a"].shards[0].rank  # the two largest tables apart
+    assert plan["c"].shards[0].rank != plan["a"].shards[0].rank  # the two busiest tables apart
 
 
 def test_overrides_and_file_round_trip(tmp_path):

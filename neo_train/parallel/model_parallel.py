@@ -87,6 +87,10 @@ class DistributedModelParallel(nn.Module):
                     self.module,
                     process_group=dense_comm.group,  # type: ignore[union-attr]
                     broadcast_buffers=False,
+                    gradient_as_bucket_view=True,
+                    # small buckets: the top MLP's gradients start their all-reduce while the
+                    # rest of the backward (embedding exchanges included) still runs
+                    bucket_cap_mb=1,
                     device_ids=None if torch.device(device).type == "cpu" else [torch.device(device).index or 0],
                 )
             self.ddp.register_comm_hook(dense_comm, _allreduce_hook)  # type: ignore[operator]

@@ -134,17 +134,21 @@ def route_to_owners(
 ) -> Routed:
     """Input dist: send each destination its units' (lengths (U_j*b,), values, weights).
 
-    Split sizes first (how many ids go to each peer), then lengths, values and weights. The
-    result is in [unit][source][bag] order: unit u's bags for the whole global batch are
+    Split sizes first (how many ids go to each peer), then lengths and values packed in one
+    all-to-all, then weights if any. The result is in [unit][source][bag] order: unit u's bags for the whole global batch are
     contiguous, source rank 0's first.
     """
     W = comm.world_size
-    lens_send = torch.cat([d[0] for d in per_dest]).to(torch.int32)
-    vals_send = torch.cat([d[1] for d in per_dest])
     n_send = [int(d[1].numel()) for d in per_dest]
     n_recv = comm.split_sizes(n_send, tag=tag)
-    lengths = comm.all_to_all_v(lens_send, [int(d[0].numel()) for d in per_dest], [units_on_me * b] * W, tag=tag)
-    values = comm.all_to_all_v(vals_send, n_send, n_recv, tag=tag)
+    # one all-to-all carries each peer's lengths and ids together (int64), weights ride in a second
+    payload = torch.cat([torch.cat([d[0].to(torch.int64), d[1].to(torch.int64)]) for d in per_dest])
+    in_splits = [int(d[0].numel()) + n for d, n in zip(per_dest, n_send)]
+    out_splits = [units_on_me * b + n for n in n_recv]
+    recv = comm.all_to_all_v(payload, in_splits, out_splits, tag=tag)
+    parts = recv.split(out_splits)
+    lengths = torch.cat([p[: units_on_me * b] for p in parts]).to(torch.int32)
+    values = torch.cat([p[units_on_me * b :] for p in parts])
     weights = None
     if weighted:
         w_send = torch.cat([d[2] for d in per_dest])  # type: ignore[misc]
@@ -179,6 +183,7 @@ def build_kernel(
         ctx.backend, specs, ctx.optimizer, feature_table_map=list(feature_table_map),
         feature_names=list(feature_names), device=ctx.device,
     )
+    k.check_ids = False  # the sharded collection checked the global ids (naming the rank) already
     full: dict[int, torch.Tensor] = {}
     for i, (ti, t, s) in enumerate(shards):
         if ti not in full:

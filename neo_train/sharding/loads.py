@@ -245,8 +245,10 @@ class RankLoads:
         """(W,) seconds of a group's collectives: input a2a + output a2a + its backward mirror."""
         t = a2a_time(in_own, in_node, in_total, self.c, self.input_rounds(group))
         if group in UNIT_GROUPS:
-            for wire in (self.ctx.fwd_bytes, self.ctx.bwd_bytes):
-                t = t + a2a_time(out_own * wire, out_node * wire, out_total * wire, self.c, 1)
+            # a2a_time is linear in the bytes (plus a latency): the forward and the backward
+            # mirror together cost (fwd_bytes + bwd_bytes) per element and two latencies
+            wire = self.ctx.fwd_bytes + self.ctx.bwd_bytes
+            t = t + a2a_time(out_own * wire, out_node * wire, out_total * wire, self.c, 2)
         return t
 
     def _rw_out_time(self, width: float, wire: int) -> float:

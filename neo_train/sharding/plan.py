@@ -22,7 +22,7 @@ from typing import Iterable, Mapping
 
 from ..config import ModelConfig
 
-__all__ = ["ShardingType", "Shard", "TablePlan", "ShardingPlan", "even_splits"]
+__all__ = ["ShardingType", "Shard", "TablePlan", "ShardingPlan", "even_splits", "column_splits"]
 
 
 class ShardingType(str, Enum):
@@ -80,6 +80,15 @@ def even_splits(n: int, k: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def column_splits(dim: int, max_shards: int, unit: int = 4) -> list[tuple[int, int]]:
+    """Column ranges for up to ``max_shards`` shards: whole multiples of ``unit`` columns when
+    ``dim`` is a multiple of it (fbgemm's kernels need dims in multiples of 4), else near-equal."""
+    if dim % unit == 0:
+        k = max(1, min(max_shards, dim // unit))
+        return [(a * unit, b * unit) for a, b in even_splits(dim // unit, k)]
+    return even_splits(dim, max(1, min(max_shards, dim)))
 
 
 @dataclass(frozen=True)
@@ -187,32 +196,39 @@ class ShardingPlan:
             if ranks is None:
                 node = slot % (W // L)
                 ranks = range(W) if st == ShardingType.ROW_WISE else range(node * L, (node + 1) * L)
-            rk = list(ranks)[: max(1, min(len(list(ranks)), rows))]
+            rk = list(ranks)
+            rk = rk[: max(1, min(len(rk), rows))]
             shards = [Shard(r, a, b, 0, dim) for r, (a, b) in zip(rk, even_splits(rows, len(rk)))]
         else:  # column-wise kinds
             if ranks is None:
                 node = slot % (W // L)
                 ranks = [(slot + i) % W for i in range(W)] if st == ShardingType.COLUMN_WISE else range(node * L, (node + 1) * L)
-            rk = list(ranks)[: max(1, min(len(list(ranks)), dim))]
-            shards = [Shard(r, 0, rows, a, b) for r, (a, b) in zip(rk, even_splits(dim, len(rk)))]
+            rk = list(ranks)
+            shards = [Shard(r, 0, rows, a, b) for r, (a, b) in zip(rk, column_splits(dim, len(rk)))]
         return TablePlan(name, st, tuple(shards))
 
     @classmethod
     def uniform(
         cls, model: ModelConfig, sharding: "str | ShardingType", world_size: int, local_world_size: int | None = None
     ) -> "ShardingPlan":
-        """Every table one type; TW tables round-robin over ranks (largest first onto the least
-        loaded), TWRW/TWCW tables round-robin over nodes."""
+        """Every table one type. TW: heaviest first onto the least loaded rank, load = lookup work
+        (ids per sample x dim, every feature of the table), ties by size; TWRW/TWCW tables
+        round-robin over nodes. (The cost-model planner, ``--sharding auto``, does better.)"""
         L = local_world_size or world_size
         st = ShardingType.parse(sharding)
-        order = sorted(range(len(model.tables)), key=lambda i: -model.tables[i].num_params)
+
+        def work(i: int) -> tuple[float, int]:
+            t = model.tables[i]
+            return (max(t.pooling_factor, 1e-3) * t.dim * len(t.feature_names), t.num_params)
+
+        order = sorted(range(len(model.tables)), key=lambda i: tuple(-x for x in work(i)))
         slots = [0] * len(model.tables)
         if st == ShardingType.TABLE_WISE:
-            load = [0] * world_size
+            load = [(0.0, 0)] * world_size
             for i in order:
                 r = min(range(world_size), key=lambda k: (load[k], k))
                 slots[i] = r
-                load[r] += model.tables[i].num_params
+                load[r] = (load[r][0] + work(i)[0], load[r][1] + work(i)[1])
         else:
             for k, i in enumerate(order):
                 slots[i] = k

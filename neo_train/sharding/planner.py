@@ -40,9 +40,10 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..topology.spec import ClusterSpec
-from .cost_model import CostContext, CostEstimate, TABLE_DTYPES, estimate, shard_memory_bytes
+from .cost_model import CostContext, CostEstimate, estimate
 from .loads import GROUP_OF, RankLoads, TableArrays, _max_excluding_self, row_ranges
 from .plan import Shard, ShardingPlan, ShardingType, TablePlan, even_splits
+from .plan_explain import Fix, check_coverage, explain_infeasible, round_robin_plan, verify_fix
 
 __all__ = [
     "TableConstraint",
@@ -84,8 +85,9 @@ class PlannerOptions:
     min_col_width: int = 4
     col_shards: tuple[int, ...] = (2, 4, 8)
     """Column-shard counts tried for CW (TWCW tries these up to G, and G)."""
-    split_threshold: float = 0.5
-    """Try CW/TWCW only for tables whose TW time exceeds this share of a rank's fair load."""
+    split_tolerance: float = 0.0
+    """Try CW/TWCW when a table kept whole (TW) would lift the slowest rank more than this
+    fraction above the projected mean (0: any lift), or cannot be placed whole."""
     refine_iters: int = 200
 
     def context(self, cluster: ClusterSpec) -> CostContext:
@@ -96,9 +98,10 @@ class PlannerOptions:
 class PlanningError(ValueError):
     """No placement fits: names the table, what it needs, and the smallest change that fits."""
 
-    def __init__(self, message: str, table: str | None = None, suggestions: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, table: str | None = None, suggestions: Sequence[Fix] = ()) -> None:
         super().__init__(message)
-        self.table, self.suggestions = table, list(suggestions)
+        self.table = table
+        self.suggestions = list(suggestions)  # the fixes, smallest first (``.text`` in words)
 
 
 @dataclass
@@ -116,7 +119,7 @@ class PlanResult:
     """Tables per sharding type."""
 
     def report(self, max_ranks: int = 10) -> str:
-        from .plan_report import format_result
+        from .plan_cli import format_result
 
         return format_result(self, max_ranks)
 
@@ -126,9 +129,14 @@ class PlanResult:
 @dataclass
 class _Choice:
     st: ShardingType
-    shards: list[Shard]
+    shards: list[Shard] | None = None
+    spread: tuple[list[int], list[tuple[int, int]], int] | None = None
+    """RW/DP over many ranks: (ranks, row ranges, D), made into shards only when chosen."""
 
     def table_plan(self, name: str) -> TablePlan:
+        if self.shards is None:
+            ranks, rr, D = self.spread  # type: ignore[misc]
+            self.shards = [Shard(r, a, z, 0, D) for r, (a, z) in zip(ranks, rr)]
         return TablePlan(name, self.st, tuple(self.shards))
 
 
@@ -144,7 +152,7 @@ def _col_counts(D: int, min_w: int, candidates: Sequence[int], limit: int) -> li
 
 class _Planner:
     def __init__(self, model: ModelConfig, cluster: ClusterSpec, opts: PlannerOptions,
-                 constraints: Mapping[str, TableConstraint]) -> None:
+                 constraints: Mapping[str, TableConstraint], cap_scale: float = 1.0) -> None:
         self.model, self.c, self.o = model, cluster, opts
         self.ctx = opts.context(cluster)
         self.t = TableArrays.from_model(model)
@@ -153,7 +161,8 @@ class _Planner:
         anymean = bool(self.t.mean.any())
         self.L.weighted = {"rw": anymean, "twrw": anymean}
         self.W, self.G, self.N = cluster.world_size, cluster.devices_per_node, cluster.nodes
-        self.cap = self.L.capacity(opts.memory_fraction)
+        # cap_scale > 1 pretends devices are larger: the best-effort plan of a model that does not fit
+        self.cap = self.L.capacity(opts.memory_fraction) * cap_scale if cap_scale < math.inf else math.inf
         unknown = sorted(set(constraints) - set(self.t.names))
         if unknown:
             raise ValueError(f"constraints name table(s) {unknown} that the model does not have")
@@ -163,8 +172,8 @@ class _Planner:
             if bad:
                 raise ValueError(f"table '{n}': pinned rank(s) {bad} outside 0..{self.W - 1}")
         self.choice: list[_Choice | None] = [None] * len(self.t.names)
-        self.overflow: list[str] = []  # tables placed past the memory limit (strict=False)
         self.remaining = 0.0  # standalone cost of the tables not placed yet (the projection)
+        self.tw_max_after = math.inf  # the last TW option's max over ranks (splits are tried above it)
 
     # ---- per-table facts ----------------------------------------------------------------------
     def allowed(self, i: int) -> list[ShardingType]:
@@ -198,7 +207,12 @@ class _Planner:
         return np.maximum(max_after, proj)
 
     def _apply(self, i: int, ch: _Choice, sign: int = 1) -> None:
-        self.L.add_table_plan(i, ch.table_plan(self.t.names[i]), sign)
+        if ch.shards is None and ch.st == ShardingType.DATA_PARALLEL:
+            self.L.add_dp(i, sign)
+        elif ch.shards is None:
+            self.L.add_rows(GROUP_OF[ch.st], i, *ch.spread[:2], sign)  # type: ignore[index]
+        else:
+            self.L.add_table_plan(i, ch.table_plan(self.t.names[i]), sign)
 
     def _try_apply(self, i: int, ch: _Choice, check_mem: bool) -> tuple[float, float, float] | None:
         """Apply, read (key, added, max), undo; None when a rank would overflow."""
@@ -223,6 +237,7 @@ class _Planner:
             return None
         key = self._key(mx, added)
         o = _argbest(mask, key, added, own)
+        self.tw_max_after = float(mx[o])
         return float(key[o]), float(added[o]), _Choice(ShardingType.TABLE_WISE, [Shard(o, 0, int(R), 0, int(D))])
 
     def _place_units(self, i: int, group: str, widths: list[tuple[int, int]], check_mem: bool, one_node: bool):
@@ -273,13 +288,13 @@ class _Planner:
         R, D = int(self.t.rows[i]), int(self.t.dims[i])
         ranks = np.flatnonzero(self.rank_mask(i)).tolist()
         rr = row_ranges(R, len(ranks))
-        ch = _Choice(ShardingType.ROW_WISE, [Shard(r, a, z, 0, D) for r, (a, z) in zip(ranks, rr)])
+        ch = _Choice(ShardingType.ROW_WISE, spread=(ranks[: len(rr)], rr, D))
         res = self._try_apply(i, ch, check_mem)
         return None if res is None else (res[0], res[1], ch)
 
     def opt_dp(self, i: int, check_mem: bool):
         R, D = int(self.t.rows[i]), int(self.t.dims[i])
-        ch = _Choice(ShardingType.DATA_PARALLEL, [Shard(r, 0, R, 0, D) for r in range(self.W)])
+        ch = _Choice(ShardingType.DATA_PARALLEL, spread=(list(range(self.W)), [(0, R)] * self.W, D))
         res = self._try_apply(i, ch, check_mem)
         return None if res is None else (res[0], res[1], ch)
 
@@ -324,14 +339,21 @@ class _Planner:
         shards = [Shard(n * G + j, a, z, 0, D) for j, (a, z) in enumerate(rr)]
         return float(key[n]), float(added[n]), _Choice(ShardingType.TABLE_ROW_WISE, shards)
 
-    def options(self, i: int, check_mem: bool, heavy: bool) -> list[tuple[float, float, int, _Choice]]:
+    def options(self, i: int, check_mem: bool) -> list[tuple[float, float, int, _Choice]]:
+        """Every allowed option's (key, added time, type order, choice). Column splits are tried
+        only when keeping the table whole (TW) would raise the key above today's level, or TW is
+        impossible: splitting costs duplicated ids, so it only pays against imbalance."""
         out = []
         D = int(self.t.dims[i])
+        heavy = True
         for rank_of_type, st in enumerate(ShardingType):
             if st not in self.allowed(i):
                 continue
             if st == ShardingType.TABLE_WISE:
                 found = [self.opt_tw(i, check_mem)]
+                if found[0] is not None:  # whole, it would be the new critical rank?
+                    proj = float(self._key(0.0, found[0][1]))
+                    heavy = self.tw_max_after > proj * (1 + self.o.split_tolerance)
             elif st == ShardingType.ROW_WISE:
                 found = [self.opt_rw(i, check_mem)]
             elif st == ShardingType.DATA_PARALLEL:
@@ -340,17 +362,21 @@ class _Planner:
                 found = [self.opt_twrw(i, check_mem)]
             elif not heavy:
                 continue
-            elif st == ShardingType.COLUMN_WISE:
-                ks = _col_counts(D, self.min_width(i), self.o.col_shards, int(self.rank_mask(i).sum()))
-                found = [self.opt_cols(i, st, k, check_mem) for k in ks]
             else:
-                ks = _col_counts(D, self.min_width(i), [*self.o.col_shards, self.G], self.G)
+                # a table too big for one rank also tries every power-of-two split
+                big = [2 ** j for j in range(1, 12)] if self.tw_cost(i)[1] > self.cap else []
+                # one column shard is table-wise by another name: offered only when TW is not allowed
+                one = [1] if ShardingType.TABLE_WISE not in self.allowed(i) and D >= self.min_width(i) else []
+                if st == ShardingType.COLUMN_WISE:
+                    ks = one + _col_counts(D, self.min_width(i), [*self.o.col_shards, *big], int(self.rank_mask(i).sum()))
+                else:  # TWCW moves what CW does, confined to a node: its natural split is G
+                    ks = one + _col_counts(D, self.min_width(i), [*big, self.G], self.G)
                 found = [self.opt_cols(i, st, k, check_mem) for k in ks]
             out += [(f[0], f[1], rank_of_type, f[2]) for f in found if f is not None]
         return out
 
     # ---- the search -----------------------------------------------------------------------------
-    def greedy(self, strict: bool) -> None:
+    def greedy(self) -> None:
         n = len(self.t.names)
         costs = [self.tw_cost(i) for i in range(n)]
         fair = sum(c[0] for c in costs) / self.W
@@ -358,35 +384,45 @@ class _Planner:
         self.remaining = sum(c[0] for c in costs)
         for i in order:
             self.remaining -= costs[i][0]
-            heavy = costs[i][0] > self.o.split_threshold * fair or costs[i][1] > self.cap
-            opts = self.options(i, True, heavy)
+            opts = self.options(i, True)
+            if not opts and not self.options(i, False):
+                name = self.t.names[i]
+                raise PlanningError(
+                    f"table '{name}' ({int(self.t.rows[i]):,} x {int(self.t.dims[i])}): its allowed types "
+                    f"{[st.value for st in self.allowed(i)]} admit no placement on its ranks (column shards need "
+                    f"D % k == 0 and widths >= {self.min_width(i)}; table_row_wise/table_column_wise need a whole "
+                    "node of allowed ranks)", name)
             if not opts:
-                if strict:
-                    raise PlanningError(*_explain(self, i))
-                self.overflow.append(self.t.names[i])
-                opts = self.options(i, False, heavy)
-                if not opts:
-                    raise PlanningError(f"table '{self.t.names[i]}': no allowed sharding type can place it", self.t.names[i])
-            best = min(opts, key=lambda x: (x[0], x[1], x[2]))
-            self.choice[i] = best[3]
-            self._apply(i, best[3])
+                raise PlanningError(*explain_infeasible(self, i))
+            best = min(opts, key=lambda x: (x[0], x[1], x[2]))[3]
+            self.choice[i] = best
+            self._apply(i, best)
 
     def refine(self) -> int:
-        """Move or swap single-rank shards off the critical rank while the max improves."""
+        """Move or swap single-rank shards off the critical rank while the max improves; returns
+        the number of moves made."""
         L, tol = self.L, 1e-12
         moves = 0
         for _ in range(self.o.refine_iters):
             r = int(np.argmax(L.total))
             cur = float(L.total[r])
-            units = [(i, j) for i, ch in enumerate(self.choice) if ch is not None and GROUP_OF[ch.st] in ("tw", "cw", "twcw")
-                     for j, s in enumerate(ch.shards) if s.rank == r]
+            by_rank: dict[int, list[tuple[int, int]]] = {}
+            for i, ch in enumerate(self.choice):
+                if ch is not None and GROUP_OF[ch.st] in ("tw", "cw", "twcw"):
+                    for j, sh in enumerate(ch.shards or ()):
+                        by_rank.setdefault(sh.rank, []).append((i, j))
+            units = by_rank.get(r, [])
             if not units:
                 break
-            units.sort(key=lambda u: (-self._unit_deltas(*u)[1].fwd - self._unit_deltas(*u)[1].bwd, u))
-            if not (self._try_moves(units[:8], r, cur, tol) or self._try_swaps(units[:4], r, cur, tol)):
+            units.sort(key=lambda u: (-self._unit_work(*u), u))  # heaviest first
+            if not (self._try_moves(units[:8], r, cur, tol) or self._try_swaps(units[:4], r, cur, tol, by_rank)):
                 break
             moves += 1
         return moves
+
+    def _unit_work(self, i: int, j: int) -> float:
+        d = self._unit_deltas(i, j)[1]
+        return float(d.fwd + d.bwd)
 
     def _unit_deltas(self, i: int, j: int):
         ch = self.choice[i]
@@ -394,7 +430,9 @@ class _Planner:
         s = ch.shards[j]
         return g, self.L.deltas(g, i, float(self.t.rows[i]), float(s.cols))
 
-    def _unit_mask(self, i: int, j: int, check_same: bool = True) -> np.ndarray:
+    def _unit_mask(self, i: int, j: int) -> np.ndarray:
+        """Ranks shard j of table i may move to: its table's allowed ranks, not a sibling's rank,
+        and for TWCW its node."""
         ch = self.choice[i]
         mask = self.rank_mask(i)
         for k, s in enumerate(ch.shards):
@@ -429,23 +467,20 @@ class _Planner:
                     return True
         return False
 
-    def _try_swaps(self, units, r: int, cur: float, tol: float) -> bool:
+    def _try_swaps(self, units, r: int, cur: float, tol: float, by_rank: dict[int, list[tuple[int, int]]]) -> bool:
+        """Swap a heavy shard of the critical rank with a lighter one of the 4 least loaded ranks."""
         light = np.argsort(self.L.total, kind="stable")[:4]
         for i, j in units:
-            size = self._unit_deltas(i, j)[1]
+            work = self._unit_work(i, j)
             for r2 in light.tolist():
                 if r2 == r or not self._unit_mask(i, j)[r2]:
                     continue
-                others = [(i2, j2) for i2, ch in enumerate(self.choice) if ch is not None and GROUP_OF[ch.st] in ("tw", "cw", "twcw")
-                          for j2, s in enumerate(ch.shards) if s.rank == r2 and i2 != i]
-                for i2, j2 in others[:16]:
-                    d2 = self._unit_deltas(i2, j2)[1]
-                    if d2.fwd + d2.bwd >= size.fwd + size.bwd or not self._unit_mask(i2, j2)[r]:
+                for i2, j2 in [u for u in by_rank.get(r2, []) if u[0] != i][:16]:
+                    if self._unit_work(i2, j2) >= work or not self._unit_mask(i2, j2)[r]:
                         continue
                     self._move(i, j, r2)
                     self._move(i2, j2, r)
-                    ok = float(self.L.total.max()) < cur - tol and (self.L.mem <= self.cap * (1 + 1e-12)).all()
-                    if ok:
+                    if float(self.L.total.max()) < cur - tol and (self.L.mem <= self.cap * (1 + 1e-12)).all():
                         return True
                     self._move(i2, j2, r2)
                     self._move(i, j, r)
@@ -481,58 +516,6 @@ def _twrw_pair(L: RankLoads, u: float, wire: int) -> tuple[np.ndarray, np.ndarra
     return t(w + uw), t(w)
 
 
-# ---- infeasibility -------------------------------------------------------------------------------
-
-def _fmt_bytes(x: float) -> str:
-    for unit, s in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if x >= s:
-            return f"{x / s:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
-def _explain(p: _Planner, i: int) -> tuple[str, str, list[str]]:
-    """(message, table, suggestions) for table i that no allowed option could place."""
-    t, o, c = p.t, p.o, p.c
-    name, R, D = t.names[i], int(t.rows[i]), int(t.dims[i])
-    need = float(shard_memory_bytes(R, D, p.ctx.elem_bytes, o.optimizer))
-    free = float((p.cap - p.L.mem).max())
-    allowed = [st.value for st in p.allowed(i)]
-    lines = [
-        f"table '{name}' ({R:,} rows x {D} dims, {_fmt_bytes(need)} as {o.table_dtype} weights + "
-        f"{o.optimizer} state) cannot be placed: the emptiest rank has {_fmt_bytes(max(free, 0))} free of "
-        f"{_fmt_bytes(p.cap)} usable per rank (after {_fmt_bytes(p.L.dense_memory)} of dense replica); "
-        f"allowed types: {', '.join(allowed)}",
-    ]
-    sugg: list[str] = []
-    row_types = {ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE}
-    if need > p.cap and not row_types & set(p.allowed(i)):
-        k = math.ceil(need / max(p.cap, 1))
-        sugg.append(f"allow row_wise or table_row_wise for '{name}' (it needs >= {k} ranks of {_fmt_bytes(p.cap)})")
-    total = {dt: float(sum(shard_memory_bytes(t.rows, t.dims, e, o.optimizer))) for dt, e in TABLE_DTYPES.items()}
-    have = p.cap * p.W
-    if o.table_dtype == "fp32" and total["fp16"] < 0.9 * have:
-        sugg.append(f"--table-dtype fp16 (tables then need {_fmt_bytes(total['fp16'])} instead of "
-                    f"{_fmt_bytes(total['fp32'])}; {_fmt_bytes(have)} is usable)")
-    per_node = p.cap * p.G
-    # 10% slack over the bare sum: buffers and imperfect packing
-    nodes = math.ceil(1.1 * total[o.table_dtype] / max(per_node, 1))
-    if nodes > p.N:
-        sugg.append(f"--nodes {nodes} ({nodes * p.G} devices; tables need {_fmt_bytes(total[o.table_dtype])}, "
-                    f"{p.N} nodes have {_fmt_bytes(have)} usable)")
-    if o.table_dtype == "fp32":
-        n16 = math.ceil(1.1 * total["fp16"] / max(per_node, 1))
-        if n16 > p.N:
-            sugg.append(f"--table-dtype fp16 with --nodes {n16}")
-    if p.cap <= 0:
-        sugg.insert(0, f"the dense replica alone ({_fmt_bytes(p.L.dense_memory)}) fills a device: a smaller MLP or larger devices")
-    if not sugg:
-        sugg.append("more ranks, fp16 tables, or fewer tables pinned together (memory is fragmented)")
-    lines.append("smallest change that would fit: " + sugg[0])
-    if len(sugg) > 1:
-        lines.append("other options: " + "; ".join(sugg[1:]))
-    return "\n".join(lines), name, sugg
-
-
 # ---- public API ----------------------------------------------------------------------------------
 
 def plan_sharding(
@@ -542,23 +525,35 @@ def plan_sharding(
     constraints: Mapping[str, TableConstraint] | None = None,
     *,
     strict: bool = True,
+    check_fix: bool = True,
 ) -> PlanResult:
     """Plan ``model`` for ``cluster``. ``strict``: raise PlanningError when memory does not
-    suffice; otherwise return the best plan ignoring memory for the tables that overflow, with
-    ``fits=False`` and the explanation."""
+    suffice; otherwise return the plan for devices just large enough (1.25x, 1.5x, 2x, ... the
+    memory: a balanced plan whose overflow the report shows), with ``fits=False`` and the
+    explanation (its first fix checked by planning again when ``check_fix``)."""
     start = time.perf_counter()
     opts = options or PlannerOptions()
-    p = _Planner(model, cluster, opts, constraints or {})
+    cons = dict(constraints or {})
     explanation = ""
     try:
-        p.greedy(strict=True)
+        p = _plan_once(model, cluster, opts, cons)
     except PlanningError as e:
         if strict:
             raise
         explanation = str(e)
-        p = _Planner(model, cluster, opts, constraints or {})
-        p.greedy(strict=False)
-    p.refine()
+        if check_fix and e.suggestions:
+            ok = verify_fix(model, cluster, opts, cons, e.suggestions[0])
+            explanation += (f"\nchecked by planning again: fits with {ok}" if ok else
+                            "\n(planning again with that change, and with up to 2.4x its nodes, still overflows)")
+        p = None
+        for scale in (1.25, 1.5, 2, 3, 4, 8, 16, 64, 256, 1024, math.inf):
+            try:
+                p = _plan_once(model, cluster, opts, cons, scale)
+                break
+            except PlanningError:
+                continue
+        if p is None:
+            raise
     plan = p.build()
     check_coverage(model, plan)
     plan.validate(model, cluster.world_size, cluster.devices_per_node)
@@ -574,55 +569,11 @@ def plan_sharding(
     return PlanResult(plan, est, cluster, opts, fits, explanation, time.perf_counter() - start, counts)
 
 
-def round_robin_plan(model: ModelConfig, world_size: int, local_world_size: int) -> ShardingPlan:
-    """The naive baseline: table i whole on rank i % W (no cost model)."""
-    tps = tuple(ShardingPlan.table_plan("table_wise", t.name, t.num_rows, t.dim, world_size, local_world_size, i)
-                for i, t in enumerate(model.tables))
-    return ShardingPlan(world_size, local_world_size, tps)
+def _plan_once(model: ModelConfig, cluster: ClusterSpec, opts: PlannerOptions,
+               constraints: Mapping[str, TableConstraint], cap_scale: float = 1.0) -> _Planner:
+    p = _Planner(model, cluster, opts, constraints, cap_scale)
+    p.greedy()
+    p.refine()
+    return p
 
 
-def check_coverage(model: ModelConfig, plan: ShardingPlan) -> None:
-    """Every table of ``model`` appears in ``plan`` exactly once, and its shards tile all its rows
-    and columns exactly once (a replica per rank for data-parallel). Raises ValueError naming
-    the table."""
-    names = [tp.table for tp in plan.tables]
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise ValueError(f"table '{n}' appears more than once in the plan")
-        seen.add(n)
-    known = {t.name for t in model.tables}
-    for n in names:
-        if n not in known:
-            raise ValueError(f"table '{n}' is in the plan but not in the model")
-    for t in model.tables:
-        if t.name not in seen:
-            raise ValueError(f"table '{t.name}' is missing from the plan")
-        tp = plan[t.name]
-        if tp.sharding == ShardingType.DATA_PARALLEL:
-            ranks = sorted(s.rank for s in tp.shards)
-            full = all((s.row_start, s.row_end, s.col_start, s.col_end) == (0, t.num_rows, 0, t.dim) for s in tp.shards)
-            if ranks != list(range(plan.world_size)) or not full:
-                raise ValueError(f"table '{t.name}': data-parallel needs one full replica on each of ranks 0..{plan.world_size - 1}")
-            continue
-        _check_tiling(t.name, [(s.row_start, s.row_end, s.col_start, s.col_end) for s in tp.shards], t.num_rows, t.dim)
-
-
-def _check_tiling(name: str, rects: list[tuple[int, int, int, int]], rows: int, cols: int) -> None:
-    """Each cell of the grid cut by every shard edge must be covered exactly once."""
-    for a, z, c0, c1 in rects:
-        if not (0 <= a < z <= rows and 0 <= c0 < c1 <= cols):
-            raise ValueError(f"table '{name}': shard rows [{a}, {z}) x cols [{c0}, {c1}) is empty or outside "
-                             f"its {rows} rows x {cols} cols")
-    rcut = np.unique([0, rows, *[x for r in rects for x in r[:2]]])
-    ccut = np.unique([0, cols, *[x for r in rects for x in r[2:]]])
-    count = np.zeros((len(rcut) - 1, len(ccut) - 1), dtype=np.int64)
-    for a, z, c0, c1 in rects:
-        i0, i1 = np.searchsorted(rcut, [a, z])
-        j0, j1 = np.searchsorted(ccut, [c0, c1])
-        count[i0:i1, j0:j1] += 1
-    bad = np.argwhere(count != 1)
-    if len(bad):
-        i, j = bad[0]
-        what = "not covered" if count[i, j] == 0 else f"covered {count[i, j]} times"
-        raise ValueError(f"table '{name}': rows [{rcut[i]}, {rcut[i + 1]}) x cols [{ccut[j]}, {ccut[j + 1]}) are {what}")

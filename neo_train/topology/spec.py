@@ -102,9 +102,9 @@ class ClusterSpec:
     def describe(self) -> str:
         return (
             f"{self.name}: {self.nodes} nodes x {self.devices_per_node} devices = {self.world_size}; "
-            f"{self.device_memory_bytes / GB:.1f} GB/device at {self.hbm_bandwidth / GB:,.0f} GB/s; "
-            f"intra {self.intra_node_bandwidth / GB:,.1f} GB/s, inter {self.inter_node_bandwidth_per_device / GB:,.2f} "
-            f"GB/s per device; {self.device_flops / 1e12:,.1f} TFLOP/s"
+            f"{self.device_memory_bytes / GB:.1f} GB/device at {self.hbm_bandwidth / GB:,.1f} GB/s; "
+            f"intra {self.intra_node_bandwidth / GB:,.2f} GB/s, inter {self.inter_node_bandwidth_per_device / GB:,.2f} "
+            f"GB/s per device; {self.device_flops / 1e12:,.2f} TFLOP/s"
         )
 
     # ---- TOML ---------------------------------------------------------------------------------
@@ -191,7 +191,10 @@ def _cpu_local() -> ClusterSpec:
     # each. Numbers from measure_cpu_local() and benchmarks/embedding.py run here, rounded:
     #   memory      copy 6-17 GB/s (it varies with the other load on the VM), but the fused
     #               embedding kernels gather rows at 1.2-1.9 GB/s forward (embedding.py,
-    #               modelA100 slice): the lookup phase is priced at that effective 1.5 GB/s
+    #               modelA100 slice, 20k-row tables): lookups and updates are priced at an
+    #               effective 1.5 GB/s. With small, cache-resident tables (benchmarks/planner.py
+    #               part b) fbgemm's forward runs ~4x faster and its backward slower than that:
+    #               the sum of the two phases comes out close, the split between them does not
     #   loopback    gloo all-to-all of 16 MB: ~0.17 GB/s per direction per rank; ~300 us per
     #               collective round (tiny all-to-all, 2 and 4 ranks)
     #   dense       ~60 GFLOP/s (1024^3 float32 matmul, one thread)

@@ -155,11 +155,13 @@ class Trainer:
     def backend(self) -> str:
         return self.model.embeddings.backend_name
 
-    def global_mean(self, value: float) -> float:
-        """The mean of a per-rank scalar over ranks (the global-batch loss)."""
-        if self.comm is None:
-            return value
-        return float(self.comm.all_reduce(torch.tensor([value], dtype=torch.float64), op="avg", tag="metrics")[0])
+    def global_means(self, values: list[float]) -> list[float]:
+        """Per-step means over ranks of per-rank scalars (the global-batch losses), in one
+        all-reduce for the whole list: the loss exchange is batched, not one sync per step."""
+        if self.comm is None or not values:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        return self.comm.all_reduce(t, op="avg", tag="metrics").tolist()
 
     def gather_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{"dense": {name: tensor}, "tables": {table: {"weight": (R, D), <optimizer state>}}}."""
@@ -176,9 +178,10 @@ class Trainer:
         with self.timer("forward"):
             logits = self.model(batch.dense, batch.sparse)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
-        value = self.global_mean(float(loss.detach()))  # every rank sees the global loss
+        value = float(loss.detach())  # this rank's loss; global means are taken in batches
         if not math.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at step {step}; stopping (check learning rates and inputs)")
+            where = f" on rank {self.rank}" if self.comm is not None else ""
+            raise FloatingPointError(f"loss is {value} at step {step}{where}; stopping (check learning rates and inputs)")
         self.optimizer.zero_grad(set_to_none=True)
         with self.timer("backward"):
             loss.backward()  # embedding rows are updated here, by the fused sparse optimizer
@@ -233,6 +236,18 @@ class Trainer:
         result = TrainResult(self.cfg.name, self.backend, self.world_size, t.batch_size, t.steps)
         bar = _progress(t.steps, self.progress)
         train_time = 0.0
+        pending: list[float] = []  # local losses not yet averaged over ranks
+
+        def flush(step: int) -> None:
+            losses = self.global_means(pending)
+            if self.writer is not None:
+                for i, v in enumerate(losses):
+                    s = step - len(losses) + i
+                    if s % t.log_every == 0:
+                        self.writer.add_scalar("train/loss", v, s)
+            result.losses.extend(losses)
+            pending.clear()
+
         for step in range(t.steps):
             try:
                 batch = next(self.train_data)
@@ -242,14 +257,16 @@ class Trainer:
             loss = self.train_step(batch, step)
             dt = time.perf_counter() - start
             train_time += dt
-            result.losses.append(loss)
+            pending.append(loss)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-            if self.writer is not None and step % t.log_every == 0:
-                self.writer.add_scalar("train/loss", loss, step)
-                self.writer.add_scalar("train/samples_per_s", batch.batch_size / max(dt, 1e-9), step)
+            if (step + 1) % t.log_every == 0:
+                flush(step + 1)
+                if self.writer is not None:
+                    self.writer.add_scalar("train/samples_per_s", batch.batch_size * self.world_size / max(dt, 1e-9), step)
             if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
                 self._record_eval(result, step + 1)
+        flush(t.steps)
         bar.close()
         result.train_seconds = train_time
         # global throughput: every rank trains b samples a step; the slowest rank sets the pace

@@ -1,0 +1,197 @@
+"""``neo-train plan``: plan a model's sharding for a cluster, print what it costs, write the plan.
+
+    neo-train plan --preset model_a --nodes 16 --gpus-per-node 8 --topology zionex
+    neo-train plan --preset model_f --table-dtype fp16 --out plan.json
+    neo-train plan --config my.toml --topology cpu_local --gpus-per-node 4 --batch-size 256
+
+The CLI wires ``add_plan_arguments`` into a subparser and calls ``plan_command``; the exit status
+is 0 when the plan fits in memory, 1 when it does not (the report says why and what would fit).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .cost_model import EMBEDDING_PHASES, PHASES
+
+if TYPE_CHECKING:
+    from .planner import PlanResult
+
+__all__ = ["add_plan_arguments", "plan_command", "format_result", "format_rank_table", "result_summary"]
+
+_SHORT = {
+    "lookup": "lookup", "input_a2a": "in a2a", "output_a2a": "out a2a", "backward_exchange": "bwd xchg",
+    "fused_update": "update", "dp_allreduce": "DP AR", "dense_compute": "dense", "dense_allreduce": "dense AR",
+}  # fmt: skip
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.1f}"
+
+
+def format_rank_table(result: "PlanResult", max_ranks: int = 10) -> str:
+    """Per rank: tables and shards held, memory used/usable, estimated ms by phase. With more than
+    ``max_ranks`` ranks: the ``max_ranks`` slowest, then mean and max over all ranks."""
+    est, plan = result.estimate, result.plan
+    W = plan.world_size
+    tables = np.zeros(W, dtype=np.int64)
+    shards = np.zeros(W, dtype=np.int64)
+    for tp in plan.tables:
+        ranks = [s.rank for s in tp.shards]
+        np.add.at(shards, ranks, 1)
+        tables[sorted(set(ranks))] += 1
+    total = est.total
+    ranks = list(range(W)) if W <= max_ranks else np.argsort(-total, kind="stable")[:max_ranks].tolist()
+    head = ["rank", "node", "tables", "shards", "mem GB", "of GB"] + [_SHORT[p] for p in PHASES] + ["total ms"]
+    rows = []
+    for r in ranks:
+        rows.append([str(r), str(r // plan.local_world_size), str(tables[r]), str(shards[r]), _gb(est.memory[r]),
+                     _gb(est.capacity)] + [f"{1e3 * est.phases[p][r]:.2f}" for p in PHASES] + [f"{1e3 * total[r]:.2f}"])
+    for label, f in (("mean", np.mean), ("max", np.max)):
+        rows.append([label, "", f"{f(tables):.1f}" if label == "mean" else str(tables.max()),
+                     f"{f(shards):.1f}" if label == "mean" else str(shards.max()), _gb(f(est.memory)), _gb(est.capacity)]
+                    + [f"{1e3 * f(est.phases[p]):.2f}" for p in PHASES] + [f"{1e3 * f(total):.2f}"])
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    title = f"per rank ({'all' if W <= max_ranks else f'the {len(ranks)} slowest of {W}'}; times in ms per step)"
+    out = [title, line(head), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows[: len(ranks)]]
+    out += [line(["-" * w for w in widths])] + [line(r) for r in rows[len(ranks):]]
+    return "\n".join(out)
+
+
+def format_tables(result: "PlanResult", model, max_tables: int = 10) -> str:
+    """The ``max_tables`` largest tables (by parameters) and how they were sharded."""
+    order = sorted(model.tables, key=lambda t: (-t.num_params, t.name))[:max_tables]
+    if not order:
+        return ""
+    out = [f"largest {len(order)} of {len(model.tables)} tables"]
+    for t in order:
+        tp = result.plan[t.name]
+        ranks = sorted({s.rank for s in tp.shards})
+        where = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(tp.shards)} shards on ranks {ranks[0]}..{ranks[-1]}"
+        out.append(f"  {t.name:<10} {t.num_rows:>14,} x {t.dim:<4} L={t.pooling_factor:<6g} {tp.sharding.value:<18} {where}")
+    return "\n".join(out)
+
+
+def result_summary(result: "PlanResult") -> dict:
+    """The summary as plain data (for --summary-json and benchmarks)."""
+    est, c, o = result.estimate, result.cluster, result.options
+    step = est.critical_path
+    return {
+        "cluster": c.to_dict(),
+        "world_size": c.world_size,
+        "batch_size": o.batch_size,
+        "table_dtype": o.table_dtype,
+        "optimizer": o.optimizer,
+        "planning_seconds": result.seconds,
+        "fits": result.fits,
+        "explanation": result.explanation,
+        "sharding_counts": result.counts,
+        "step_seconds": step,
+        "samples_per_second": c.world_size * o.batch_size / step if step > 0 else 0.0,
+        "breakdown_seconds": est.breakdown(),
+        "imbalance": est.imbalance,
+        "memory_imbalance": est.memory_imbalance,
+        "memory_max_bytes": float(est.memory.max()),
+        "memory_mean_bytes": float(est.memory.mean()),
+        "memory_capacity_bytes": est.capacity,
+        "estimate": est.to_dict(),
+    }
+
+
+def format_result(result: "PlanResult", max_ranks: int = 10) -> str:
+    est, c, o = result.estimate, result.cluster, result.options
+    step = est.critical_path
+    bd = est.breakdown()
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items(), key=lambda kv: -kv[1]))
+    emb = {p: 1e3 * float(est.phases[p][est.critical_rank]) for p in EMBEDDING_PHASES}
+    lines = [
+        format_rank_table(result, max_ranks),
+        "",
+        f"cluster     {c.describe()}",
+        f"setup       b={o.batch_size} per rank, {o.table_dtype} tables, {o.optimizer}; planned in {result.seconds:.2f} s",
+        f"sharding    {counts}",
+        f"step        {1e3 * step:.2f} ms on rank {est.critical_rank} = all-to-all {1e3 * bd['all_to_all']:.2f} + "
+        f"all-reduce {1e3 * bd['all_reduce']:.2f} + lookup/update {1e3 * bd['lookup']:.2f} + dense compute "
+        f"{1e3 * bd['dense_compute']:.2f} (no overlap; {c.world_size * o.batch_size / step:,.0f} samples/s)",
+        "            embedding phases there: " + ", ".join(f"{_SHORT[p]} {v:.2f}" for p, v in emb.items()),
+        f"            phase-synchronous bound (each phase at its slowest rank): {1e3 * est.synchronous_time:.2f} ms",
+        f"imbalance   {est.imbalance:.3f} (embedding time max/mean over ranks); memory {est.memory_imbalance:.3f}",
+        f"memory      max {_gb(est.memory.max())} GB, mean {_gb(est.memory.mean())} GB per rank of "
+        f"{_gb(est.capacity)} GB usable ({o.memory_fraction:.0%} of {_gb(c.device_memory_bytes)} GB); "
+        f"dense replica {_gb(est.dense_memory)} GB",
+        f"fits        {'yes' if result.fits else 'NO'}",
+    ]
+    if result.explanation:
+        lines.append("            " + result.explanation.replace("\n", "\n            "))
+    return "\n".join(lines)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``plan`` subcommand's arguments."""
+    from ..config import PRESETS
+    from ..topology.spec import CLUSTER_PRESETS
+
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="model_a", choices=PRESETS, help="named model (default: model_a)")
+    src.add_argument("--config", type=Path, help="TOML config file (its model and train.batch_size)")
+    p.add_argument("--row-scale", type=float, default=1.0, help="multiply every table's rows (preset only)")
+    p.add_argument("--topology", default="zionex", help=f"cluster preset ({', '.join(CLUSTER_PRESETS)}) or a TOML file")
+    p.add_argument("--nodes", type=int, help="number of nodes (default: the topology's)")
+    p.add_argument("--gpus-per-node", type=int, help="devices per node (default: the topology's)")
+    p.add_argument("--table-dtype", choices=("fp32", "fp16"), default="fp32", help="embedding weight precision")
+    p.add_argument("--batch-size", type=int, help="per-rank batch size (default: the config's)")
+    p.add_argument("--optimizer", help="sparse optimizer (default: the config's)")
+    p.add_argument("--memory-fraction", type=float, default=0.95, help="usable share of device memory")
+    p.add_argument("--out", type=Path, help="write the plan JSON here (only when it fits)")
+    p.add_argument("--summary-json", type=Path, help="write the summary and per-rank estimate as JSON")
+    p.add_argument("--max-tables-shown", type=int, default=10, help="largest tables listed with their sharding")
+    p.add_argument("--max-ranks-shown", type=int, default=10, help="ranks listed (the slowest) when there are more")
+    return p
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """Run the planner from parsed ``add_plan_arguments`` args; 0 if the plan fits, 1 if not."""
+    from ..config import Config, preset
+    from ..topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+    from .planner import PlannerOptions, plan_sharding
+
+    cfg = Config.load(args.config) if getattr(args, "config", None) else preset(args.preset, row_scale=args.row_scale)
+    topo = args.topology
+    cluster = preset_cluster(topo) if topo in CLUSTER_PRESETS else ClusterSpec.load(topo)
+    over = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.gpus_per_node)) if v is not None}
+    if over:
+        cluster = cluster.replace(**over)
+    opts = PlannerOptions(
+        batch_size=args.batch_size or cfg.train.batch_size,
+        table_dtype=args.table_dtype,
+        optimizer=args.optimizer or cfg.train.sparse_optimizer,
+        dense_optimizer=cfg.train.dense_optimizer,
+        fwd_comm_dtype=cfg.dist.forward_comm_dtype,
+        bwd_comm_dtype=cfg.dist.backward_comm_dtype,
+        memory_fraction=args.memory_fraction,
+    )
+    m = cfg.model
+    n = m.num_embedding_params
+    size = f"{n / 1e9:,.2f}B" if n >= 1e9 else f"{n / 1e6:,.2f}M"
+    print(f"planning {cfg.name}: {len(m.tables)} tables, {size} embedding parameters "
+          f"for {cluster.world_size} devices ({cluster.nodes} x {cluster.devices_per_node}, {cluster.name})", flush=True)
+    result = plan_sharding(m, cluster, opts, strict=False)
+    print(format_tables(result, m, args.max_tables_shown))
+    print()
+    print(format_result(result, args.max_ranks_shown))
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(result_summary(result), indent=1))
+        print(f"summary written to {args.summary_json}")
+    if args.out:
+        if result.fits:
+            result.plan.to_json(str(args.out))
+            print(f"plan written to {args.out}")
+        else:
+            print(f"plan not written to {args.out}: it does not fit")
+    return 0 if result.fits else 1
