@@ -21,6 +21,7 @@ from .base import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
 
 __all__ = [
     "register_backend",
+    "registered_backends",
     "available_backends",
     "default_backend",
     "create_embedding_bag",
@@ -59,6 +60,11 @@ def _is_available(name: str) -> bool:
         return bool(_BACKENDS[name].available())
     except Exception:  # an availability probe must never take the caller down
         return False
+
+
+def registered_backends() -> list[str]:
+    """Every registered backend name, available here or not."""
+    return list(_BACKENDS)
 
 
 def available_backends() -> list[str]:
@@ -146,4 +152,21 @@ register_backend(
     _lazy_factory(".fbgemm_backend", "FbgemmEmbeddingBag"),
     lambda: _fbgemm_probe() == "",
     _fbgemm_probe,
+)
+
+
+def _triton_reason() -> str:
+    """"" when the triton backend runs here: CUDA, or CPU under TRITON_INTERPRET=1."""
+    try:
+        from .triton_backend import triton_unavailable_reason  # imports torch only, not triton
+    except Exception as e:  # noqa: BLE001
+        return f"triton backend failed to import ({type(e).__name__}: {e})"
+    return triton_unavailable_reason()
+
+
+register_backend(
+    "triton",
+    _lazy_factory(".triton_backend", "TritonEmbeddingBag"),
+    lambda: _triton_reason() == "",
+    _triton_reason,
 )
