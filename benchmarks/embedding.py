@@ -181,7 +181,8 @@ def baseline_impl(cfg: Config, opt: SparseOptimizerSpec) -> Impl:
 
 
 # ---- measurement ---------------------------------------------------------------------------
-def median_ms(fn: Callable[[Batch], object], batches: list[Batch], warmup: int, repeats: int) -> float:
+def time_ms(fn: Callable[[Batch], object], batches: list[Batch], warmup: int, repeats: int) -> tuple[float, float]:
+    """(median, min) milliseconds; the min is kept in the JSON for runs on a shared machine."""
     for i in range(warmup):
         fn(batches[i % len(batches)])
     times = []
@@ -189,7 +190,7 @@ def median_ms(fn: Callable[[Batch], object], batches: list[Batch], warmup: int, 
         t0 = time.perf_counter()
         fn(batches[i % len(batches)])
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(times) * 1e3, min(times) * 1e3
 
 
 def copy_bandwidth_gbs(mbytes: int = 256, repeats: int = 5) -> float:
@@ -235,8 +236,8 @@ def run_config(cfg: Config, impls: list[str], opt: SparseOptimizerSpec, args: ar
     rows = []
     for which in impls:
         impl = baseline_impl(cfg, opt) if which == "baseline" else backend_impl(which, cfg, opt)
-        fwd_ms = median_ms(impl.forward, batches, args.warmup, args.repeats)
-        step_ms = median_ms(impl.train_step, batches, args.warmup, args.repeats)
+        fwd_ms, fwd_min = time_ms(impl.forward, batches, args.warmup, args.repeats)
+        step_ms, step_min = time_ms(impl.train_step, batches, args.warmup, args.repeats)
         fwd_b, step_b = bytes_moved(cfg, batches[0], impl.state)
         rows.append(
             {
@@ -244,6 +245,8 @@ def run_config(cfg: Config, impls: list[str], opt: SparseOptimizerSpec, args: ar
                 "impl": impl.name,
                 "fwd_ms": fwd_ms,
                 "step_ms": step_ms,
+                "fwd_ms_min": fwd_min,
+                "step_ms_min": step_min,
                 "fwd_bytes": fwd_b,
                 "step_bytes": step_b,
                 "fwd_gbs": fwd_b / fwd_ms / 1e6,

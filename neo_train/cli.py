@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--comm-dtype-fwd", choices=COMM_DTYPES, help="wire format of pooled embeddings")
     t.add_argument("--comm-dtype-bwd", choices=COMM_DTYPES, help="wire format of their gradients")
     t.add_argument("--timeout", type=float, help="collective timeout, seconds")
+    t.add_argument("--no-pipeline", action="store_true", help="no background prefetch / input dist (plain loop)")
 
     c = sub.add_parser("config", help="print or write a preset as TOML")
     c.add_argument("--preset", default="small", choices=PRESETS)
@@ -79,6 +80,7 @@ def config_from_args(args: argparse.Namespace):
             "kernel_backend": args.backend,
             "eval_every": args.eval_every,
             "eval_batches": args.eval_batches,
+            "pipeline": False if args.no_pipeline else None,
         }.items()
         if v is not None
     }

@@ -178,6 +178,8 @@ class TrainConfig(_Replace):
     """Write TensorBoard scalars every this many steps."""
     kernel_backend: str = "auto"
     """Embedding kernel backend: 'auto', 'reference', 'fbgemm' or 'triton'."""
+    pipeline: bool = True
+    """Prefetch the next batch and run its input dist in the background (same results)."""
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")

@@ -1,4 +1,5 @@
 """Parallelism applied to a plain DLRM: sharded embeddings + DDP dense part."""
 from .model_parallel import DistributedModelParallel
+from .pipeline import TrainPipeline
 
-__all__ = ["DistributedModelParallel"]
+__all__ = ["DistributedModelParallel", "TrainPipeline"]

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +34,7 @@ from .table_column_wise import TableColumnWiseSharding
 from .table_row_wise import TableRowWiseSharding
 from .table_wise import TableWiseSharding
 
-__all__ = ["ShardedEmbeddingBagCollection", "SHARDING_CLASSES", "config_hash"]
+__all__ = ["ShardedEmbeddingBagCollection", "DistributedSparse", "SHARDING_CLASSES", "config_hash"]
 
 SHARDING_CLASSES: dict[ShardingType, type[EmbeddingSharding]] = {
     ShardingType.TABLE_WISE: TableWiseSharding,
@@ -41,6 +44,14 @@ SHARDING_CLASSES: dict[ShardingType, type[EmbeddingSharding]] = {
     ShardingType.TABLE_ROW_WISE: TableRowWiseSharding,
     ShardingType.TABLE_COLUMN_WISE: TableColumnWiseSharding,
 }
+
+
+@dataclass
+class DistributedSparse:
+    """A local batch's sparse features after input dist: one routed input per sharding group."""
+
+    routed: list[Any]
+    batch_size: int
 
 
 def config_hash(model: ModelConfig, plan: ShardingPlan, extra: dict | None = None) -> str:
@@ -73,6 +84,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.ctx = ShardingContext(
             comm, L, optimizer, backend, torch.device(device), seed, make_codec(fwd_codec), make_codec(bwd_codec), timer
         )
+        if comm.world_size > 1:
+            # the input dist gets a process group of its own: the train pipeline runs the next
+            # batch's input dist in the background while this batch's collectives use `comm`
+            self.ctx.input_comm = comm.subgroup(list(range(comm.world_size)), name="input_dist")  # type: ignore[attr-defined]
         self.check_peers(config_hash(model, plan, {"optimizer": repr(optimizer), "seed": seed, "codecs": [fwd_codec, bwd_codec]}))
         self.feature_names = model.feature_names
         feats_by_type: dict[ShardingType, list[GroupFeature]] = {}
@@ -136,9 +151,21 @@ class ShardedEmbeddingBagCollection(nn.Module):
             )
         return sparse
 
-    def forward(self, sparse: SparseFeatures) -> torch.Tensor:
+    def input_dist(self, sparse: SparseFeatures) -> "DistributedSparse":
+        """Validate and send every group's ids to their owners (no autograd: ids have no grad).
+
+        Uses only the input-dist process group, so it may run in a background thread (the
+        train pipeline) while another batch's lookup / output dist / backward run."""
         sparse = self.validate(sparse)
-        outs = [g(sparse.select(g.feature_names)) for g in self.groups.values()]
+        t = self.ctx.timer or (lambda _phase: nullcontext())
+        with t("input_dist"):
+            routed = [g.input_dist(sparse.select(g.feature_names)) for g in self.groups.values()]
+        return DistributedSparse(routed, sparse.batch_size)
+
+    def forward(self, sparse: "SparseFeatures | DistributedSparse") -> torch.Tensor:
+        """pooled (b, sum D_f) in model feature order, from a local batch or a distributed one."""
+        dist = sparse if isinstance(sparse, DistributedSparse) else self.input_dist(sparse)
+        outs = [g.compute(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
         pooled = torch.cat(outs, dim=1).index_select(1, self._perm)  # (b, sum D_f), model order
         return ScaleGrad.apply(pooled, 1.0 / self.comm.world_size)
 

@@ -47,6 +47,7 @@ class ShardingContext:
     fwd_codec: Codec = field(default_factory=Codec)
     bwd_codec: Codec = field(default_factory=Codec)
     timer: Any = None  # a PhaseTimer, or None: per-stage forward times
+    input_comm: Communicator | None = None  # input dist's own group (pipelining); None: comm
     _node_comms: tuple[Communicator, Communicator] | None = None
 
     @property
@@ -56,6 +57,12 @@ class ShardingContext:
     @property
     def world_size(self) -> int:
         return self.comm.world_size
+
+    @property
+    def in_comm(self) -> Communicator:
+        """The communicator of the input dist: a group of its own, so the next batch's input
+        dist can run in the background while this batch's collectives run on ``comm``."""
+        return self.input_comm if self.input_comm is not None else self.comm
 
     def node_comms(self) -> tuple[Communicator, Communicator]:
         """(intra-node, cross-node) communicators; created once, collectively."""
@@ -235,13 +242,15 @@ class EmbeddingSharding(nn.Module):
         self.dims = [f.table.dim for f in self.features]
 
     def forward(self, sparse) -> torch.Tensor:
+        return self.compute(self.input_dist(sparse), sparse.batch_size)
+
+    def compute(self, routed, b: int) -> torch.Tensor:
+        """Lookup and output dist of an already distributed input (b local samples)."""
         t = self.ctx.timer or (lambda _phase: nullcontext())
-        with t("input_dist"):
-            routed = self.input_dist(sparse)
         with t("lookup"):
             pooled = self.lookup(routed)
         with t("output_dist"):
-            return self.output_dist(pooled, sparse.batch_size)
+            return self.output_dist(pooled, b)
 
     # each sharding type implements these three (and local_shards for export)
     def input_dist(self, sparse):  # pragma: no cover - abstract

@@ -94,7 +94,7 @@ class RowWiseSharding(EmbeddingSharding):
                 torch.cat([x[1] for x in items]) if items else sparse.values.new_zeros(0),
                 (torch.cat([x[2] for x in items]) if items else torch.zeros(0)) if weighted else None,
             ))
-        return route_to_owners(self.ctx.comm, per_dest, len(self._mine), sparse.batch_size, weighted)
+        return route_to_owners(self.ctx.in_comm, per_dest, len(self._mine), sparse.batch_size, weighted)
 
     # ---- lookup -------------------------------------------------------------------------------
     def lookup(self, routed: Routed) -> torch.Tensor:

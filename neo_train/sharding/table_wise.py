@@ -86,7 +86,7 @@ class TableWiseSharding(EmbeddingSharding):
                 torch.cat(vals) if vals else sparse.values.new_zeros(0),
                 (torch.cat(wts) if wts else sparse.weights.new_zeros(0)) if weighted else None,  # type: ignore[union-attr]
             ))
-        return route_to_owners(self.ctx.comm, per_dest, len(self.units_by_rank[self.ctx.rank]), sparse.batch_size, weighted)
+        return route_to_owners(self.ctx.in_comm, per_dest, len(self.units_by_rank[self.ctx.rank]), sparse.batch_size, weighted)
 
     def lookup(self, routed: Routed) -> torch.Tensor:
         if self.kernel is None:  # a rank that owns no table of this group: nothing to look up

@@ -26,6 +26,7 @@ from ..data.batch import Batch
 from ..data.synthetic import SyntheticData
 from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
+from ..parallel.pipeline import TrainPipeline
 from ..sharding.plan import ShardingPlan
 from .metrics import binary_metrics
 from .timing import PhaseTimer
@@ -173,10 +174,12 @@ class Trainer:
             "tables": {t.name: {"weight": ebc.table(t.name), **ebc.table_state(t.name)} for t in ebc.tables},
         }
 
-    def train_step(self, batch: Batch, step: int) -> float:
+    def train_step(self, batch: Batch, step: int, distributed: Any = None) -> float:
+        """One step on this rank's batch; ``distributed``: its sparse input already through the
+        input dist (the pipeline does that in the background). Returns the rank-local loss."""
         batch = batch.to(self.device)
         with self.timer("forward"):
-            logits = self.model(batch.dense, batch.sparse)
+            logits = self.model(batch.dense, distributed if distributed is not None else batch.sparse)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
         value = float(loss.detach())  # this rank's loss; global means are taken in batches
         if not math.isfinite(value):
@@ -193,16 +196,20 @@ class Trainer:
         """Mean milliseconds per step by phase, from the timer's totals over ``steps`` steps.
 
         input_dist / lookup / output_dist: the embedding stages of the forward (their
-        collectives included); dense_forward: the rest of the forward; embedding_comm_backward:
+        collectives included; pipelined, input_dist runs in the background and pipeline_wait is
+        what the step still waited for it); dense_forward: the rest of the forward; embedding_comm_backward:
         the embedding collectives of the backward (mirror exchanges, DP gradient all-reduce);
         backward_other: the rest of the backward (fused sparse update, dense gradients, DDP's
         all-reduce as far as it is not overlapped); optimizer: the dense optimizer step.
         """
         t = self.timer.totals()
-        emb_fwd = sum(t.get(k, 0.0) for k in ("input_dist", "lookup", "output_dist"))
+        pipelined = "pipeline_wait" in t
+        # pipelined: the input dist runs in the background; the forward only waits for it
+        emb_fwd = sum(t.get(k, 0.0) for k in ("lookup", "output_dist")) + (0.0 if pipelined else t.get("input_dist", 0.0))
         comm_bwd = sum(v for k, v in t.items() if k.startswith("comm:") and (k.endswith("_bwd") or k == "comm:dp_grad_allreduce"))
         out = {
             "input_dist": t.get("input_dist", 0.0),
+            "pipeline_wait": t.get("pipeline_wait", 0.0),
             "lookup": t.get("lookup", 0.0),
             "output_dist": t.get("output_dist", 0.0),
             "dense_forward": t.get("forward", 0.0) - emb_fwd,
@@ -210,6 +217,9 @@ class Trainer:
             "backward_other": t.get("backward", 0.0) - comm_bwd,
             "optimizer": t.get("optimizer", 0.0),
         }
+        # communication the step waited for: the input dist (or, pipelined, the wait for it),
+        # the output dist and the embedding exchanges of the backward
+        out["exposed_comm"] = (out["pipeline_wait"] if pipelined else out["input_dist"]) + out["output_dist"] + comm_bwd
         return {k: 1e3 * v / max(1, steps) for k, v in out.items()}
 
     @torch.no_grad()
@@ -248,24 +258,34 @@ class Trainer:
             result.losses.extend(losses)
             pending.clear()
 
-        for step in range(t.steps):
-            try:
-                batch = next(self.train_data)
-            except StopIteration:
-                raise ValueError(f"training data ran out at step {step} of {t.steps}") from None
-            start = time.perf_counter()
-            loss = self.train_step(batch, step)
-            dt = time.perf_counter() - start
-            train_time += dt
-            pending.append(loss)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-            if (step + 1) % t.log_every == 0:
-                flush(step + 1)
-                if self.writer is not None:
-                    self.writer.add_scalar("train/samples_per_s", batch.batch_size * self.world_size / max(dt, 1e-9), step)
-            if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
-                self._record_eval(result, step + 1)
+        pipe = TrainPipeline(self) if t.pipeline else None
+        try:
+            for step in range(t.steps):
+                start = time.perf_counter()
+                if pipe is not None:
+                    loss = pipe.step(step)
+                else:
+                    try:
+                        batch = next(self.train_data)
+                    except StopIteration:
+                        raise ValueError(f"training data ran out at step {step} of {t.steps}") from None
+                    loss = self.train_step(batch, step)
+                dt = time.perf_counter() - start
+                train_time += dt
+                pending.append(loss)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                if (step + 1) % t.log_every == 0:
+                    flush(step + 1)
+                    if self.writer is not None:
+                        self.writer.add_scalar("train/samples_per_s", t.batch_size * self.world_size / max(dt, 1e-9), step)
+                if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
+                    if pipe is not None:
+                        pipe.drain()  # the evaluation's input dist uses the same process group
+                    self._record_eval(result, step + 1)
+        finally:
+            if pipe is not None:
+                pipe.close()
         flush(t.steps)
         bar.close()
         result.train_seconds = train_time
