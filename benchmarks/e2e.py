@@ -109,6 +109,7 @@ class Run:
     plan: ShardingPlan
     warmup: int
     steps: int
+    pipeline: bool = True
 
 
 # ---- shared setup -------------------------------------------------------------------------------
@@ -158,22 +159,36 @@ def neo_rank(comm, run: Run) -> dict[str, Any]:
     from neo_train.train.trainer import Trainer
 
     cfg, W = run.cfg, comm.world_size
-    batches = local_batches(cfg, comm.rank, W, run.warmup + run.steps)
+    # the pipeline prefetches one batch ahead: one spare batch keeps it full through the last step
+    batches = local_batches(cfg, comm.rank, W, run.warmup + run.steps + 1)
     trainer = Trainer(cfg, comm=comm, plan=run.plan, progress=False, train_data=batches)
+    if run.pipeline:  # neo_train's TrainPipeline: next batch's input dist in the background
+        from neo_train.parallel import TrainPipeline
+
+        pipe = TrainPipeline(trainer, iter(batches))
+        step_fn = pipe.step
+    else:
+        step_fn = lambda s: trainer.train_step(batches[s], s)  # noqa: E731
     for s in range(run.warmup):
-        trainer.train_step(batches[s], s)
+        step_fn(s)
+    if run.pipeline:
+        pipe.drain()
     comm.barrier()
     trainer.timer.reset()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = float("nan")
     for s in range(run.warmup, run.warmup + run.steps):
-        loss = trainer.train_step(batches[s], s)
+        loss = step_fn(s)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if run.pipeline:
+        pipe.close()
     totals = trainer.timer.totals()
     breakdown = trainer.step_breakdown(run.steps)
     step_ms = 1e3 * elapsed / run.steps
     extra = {"loss_allreduce": 1e3 * totals.get("comm:metrics", 0.0) / run.steps}
-    extra["untimed"] = step_ms - sum(breakdown.values()) - extra["loss_allreduce"]
+    if run.pipeline:  # on the critical path the step only waited for the background input dist
+        breakdown["input_dist"] = breakdown["pipeline_wait"]
+    extra["untimed"] = step_ms - sum(breakdown[k] for k in PHASES) - extra["loss_allreduce"]
     return {
         "rank": comm.rank,
         "seconds": elapsed,
@@ -370,7 +385,7 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
     """Both frameworks on W ranks, ``--repeats`` times in alternating order; the median repeat counts."""
     cfg = make_config(args.preset, args.batch_size, args.steps)
     plan = make_plan(cfg, args.sharding, W)
-    run = Run(cfg, plan, args.warmup, args.steps)
+    run = Run(cfg, plan, args.warmup, args.steps, pipeline=not args.no_pipeline)
     b = cfg.train.batch_size
     timeout = max(180.0, 30.0 * W + 2.0 * (args.warmup + args.steps))
     result: dict[str, Any] = {"world_size": W, "batch_size": b, "plan": plan.to_dict(), "rows": []}
@@ -403,7 +418,9 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
     result["neo_ranks"] = neo
     result["neo_repeats_seconds"] = [max(r["seconds"] for r in rep) for rep in reps["neo_train"]]
     result["rows"].append(_row("neo_train", W, b, args.steps, result["neo_repeats_seconds"], neo,
-                               f"{neo[0]['backend']} kernels, Trainer.train_step"))  # fmt: skip
+                               f"{neo[0]['backend']} kernels, " + ("TrainPipeline" if run.pipeline else "Trainer.train_step")))  # fmt: skip
+    result["neo_pipelined"] = run.pipeline
+    result["neo_exposed_comm_ms"] = sum(r["breakdown"]["exposed_comm"] for r in neo) / W
     result["breakdown"] = {k: sum(r["breakdown"][k] for r in neo) / W for k in PHASES}
     result["breakdown_extra"] = {k: sum(r["extra"][k] for r in neo) / W for k in EXTRA}
     result["breakdown_max_rank"] = {k: max(r["breakdown"][k] for r in neo) for k in PHASES}
@@ -563,6 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "the median counts (default 3; 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="W=2, tiny preset, 3 steps: a smoke test, not a measurement")
     p.add_argument("--no-torchrec", action="store_true", help="run neo_train only")
+    p.add_argument("--no-pipeline", action="store_true", help="neo_train's plain loop instead of its TrainPipeline")
     p.add_argument("--json", default=None, help="write every number and the machine info here")
     p.add_argument("--plot", default=None, help="write neo_train's breakdown as a stacked-bar PNG here")
     args = p.parse_args(argv)
