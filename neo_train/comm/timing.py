@@ -1,7 +1,8 @@
 """A Communicator that times every collective by tag and forwards it to another.
 
 Synchronous collectives are timed end to end; asynchronous ones from start to ``wait()``
-returning. Totals land in a PhaseTimer under ``comm:<tag>``.
+returning. Totals land in a PhaseTimer under ``comm:<tag>``; the bytes this rank hands to each
+collective (its input tensor) are counted per tag in ``bytes_by_tag``.
 """
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ __all__ = ["TimingCommunicator"]
 
 
 class TimingCommunicator(Communicator):
-    def __init__(self, inner: Communicator, timer) -> None:
+    def __init__(self, inner: Communicator, timer, bytes_by_tag: dict[str, int] | None = None) -> None:
         self.inner, self.timer = inner, timer
         self.rank, self.world_size = inner.rank, inner.world_size
+        self.bytes_by_tag: dict[str, int] = bytes_by_tag if bytes_by_tag is not None else {}
+
+    def _count(self, tag: str, x: torch.Tensor) -> None:
+        key = tag or "untagged"
+        self.bytes_by_tag[key] = self.bytes_by_tag.get(key, 0) + x.numel() * x.element_size()
 
     def __getattr__(self, name):  # group, device, name, ... of the wrapped communicator
         return getattr(self.inner, name)
@@ -39,15 +45,19 @@ class TimingCommunicator(Communicator):
         return Handle(wait, _future=out._future)
 
     def all_to_all_v(self, x, in_splits, out_splits, *, async_op=False, tag=""):
+        self._count(tag, x)
         return self._timed(tag, lambda: self.inner.all_to_all_v(x, in_splits, out_splits, async_op=async_op, tag=tag), async_op)
 
     def all_gather_v(self, x, sizes, *, async_op=False, tag=""):
+        self._count(tag, x)
         return self._timed(tag, lambda: self.inner.all_gather_v(x, sizes, async_op=async_op, tag=tag), async_op)
 
     def all_reduce(self, x, op="sum", *, async_op=False, tag=""):
+        self._count(tag, x)
         return self._timed(tag, lambda: self.inner.all_reduce(x, op, async_op=async_op, tag=tag), async_op)
 
     def reduce_scatter_v(self, x, splits, *, async_op=False, tag=""):
+        self._count(tag, x)
         return self._timed(tag, lambda: self.inner.reduce_scatter_v(x, splits, async_op=async_op, tag=tag), async_op)
 
     def barrier(self) -> None:
@@ -55,8 +65,8 @@ class TimingCommunicator(Communicator):
 
     def subgroup(self, ranks: Sequence[int], name: str = "sub"):
         g = self.inner.subgroup(ranks, name=name)  # type: ignore[call-arg]
-        return None if g is None else TimingCommunicator(g, self.timer)
+        return None if g is None else TimingCommunicator(g, self.timer, self.bytes_by_tag)
 
     def node_groups(self, local_world_size: int):
         intra, cross = self.inner.node_groups(local_world_size)  # type: ignore[attr-defined]
-        return TimingCommunicator(intra, self.timer), TimingCommunicator(cross, self.timer)
+        return TimingCommunicator(intra, self.timer, self.bytes_by_tag), TimingCommunicator(cross, self.timer, self.bytes_by_tag)

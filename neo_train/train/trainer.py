@@ -279,6 +279,7 @@ class Trainer:
                     flush(step + 1)
                     if self.writer is not None:
                         self.writer.add_scalar("train/samples_per_s", t.batch_size * self.world_size / max(dt, 1e-9), step)
+                        self._log_breakdown(step + 1)
                 if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
                     if pipe is not None:
                         pipe.drain()  # the evaluation's input dist uses the same process group
@@ -299,6 +300,14 @@ class Trainer:
             self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, t.steps)
             self.writer.close()
         return result
+
+    def _log_breakdown(self, step: int) -> None:
+        """TensorBoard: per-phase ms/step and bytes per collective tag per step, so far."""
+        for k, v in self.step_breakdown(step).items():
+            self.writer.add_scalar(f"step_ms/{k}", v, step)
+        if self.comm is not None:
+            for tag, n in self.comm.bytes_by_tag.items():
+                self.writer.add_scalar(f"comm_bytes_per_step/{tag}", n / max(1, step), step)
 
     def global_max(self, value: float) -> float:
         if self.comm is None:
