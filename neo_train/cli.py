@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--comm-dtype-bwd", choices=COMM_DTYPES, help="wire format of their gradients")
     t.add_argument("--timeout", type=float, help="collective timeout, seconds")
     t.add_argument("--no-pipeline", action="store_true", help="no background prefetch / input dist (plain loop)")
+    t.add_argument("--checkpoint-dir", help="checkpoint root (shared by all ranks); resumes from its newest checkpoint")
+    t.add_argument("--checkpoint-every", type=int, help="save every S steps (and at the end)")
+    t.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints under --checkpoint-dir")
+    t.add_argument("--max-restarts", type=int, default=0, help="elastic restarts after a rank fails (with --nproc; resumes from the newest checkpoint)")
 
     c = sub.add_parser("config", help="print or write a preset as TOML")
     c.add_argument("--preset", default="small", choices=PRESETS)
@@ -81,6 +85,9 @@ def config_from_args(args: argparse.Namespace):
             "eval_every": args.eval_every,
             "eval_batches": args.eval_batches,
             "pipeline": False if args.no_pipeline else None,
+            "checkpoint_dir": args.checkpoint_dir,
+            "checkpoint_every": args.checkpoint_every,
+            "resume": False if args.no_resume else None,
         }.items()
         if v is not None
     }
@@ -99,7 +106,7 @@ def config_from_args(args: argparse.Namespace):
     return cfg.replace(train=cfg.train.replace(**train), data=cfg.data.replace(**data), dist=cfg.dist.replace(**dist))
 
 
-def _launch_local(nproc: int, argv: Sequence[str]) -> int:
+def _launch_local(nproc: int, argv: Sequence[str], max_restarts: int = 0) -> int:
     """Re-run this command under torchrun with ``nproc`` local ranks (standalone rendezvous)."""
     from torch.distributed.run import main as torchrun
 
@@ -116,7 +123,7 @@ def _launch_local(nproc: int, argv: Sequence[str]) -> int:
         rest.append(a)
     print(f"neo-train: starting {nproc} local ranks with torchrun", flush=True)
     try:
-        torchrun(["--standalone", "--nproc-per-node", str(nproc), "-m", "neo_train", *rest])
+        torchrun(["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "-m", "neo_train", *rest])
     except Exception as e:  # torchrun raises ChildFailedError naming the failed rank
         print(f"neo-train: error: {e}", file=sys.stderr)
         return 1
@@ -163,9 +170,11 @@ def _broadcast_text(comm, text: str) -> str:
     """Rank 0's string on every rank (through the comm layer)."""
     import torch
 
-    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
-    sizes = [int(v) for v in comm.all_gather_v(torch.tensor([data.numel()]), [1] * comm.world_size, tag="plan_broadcast")]
-    everything = comm.all_gather_v(data, sizes, tag="plan_broadcast")
+    dev = getattr(comm, "device", "cpu")
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=dev)
+    n = torch.tensor([data.numel()], device=dev)
+    sizes = [int(v) for v in comm.all_gather_v(n, [1] * comm.world_size, tag="plan_broadcast")]
+    everything = comm.all_gather_v(data, sizes, tag="plan_broadcast").cpu()
     return bytes(everything[: sizes[0]].tolist()).decode()
 
 
@@ -183,7 +192,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
     if nproc > 1 and not in_torchrun:
-        return _launch_local(nproc, argv)
+        return _launch_local(nproc, argv, args.max_restarts)
     comm = plan = None
     rank, world = 0, 1
     if in_torchrun and int(os.environ["WORLD_SIZE"]) > 1:

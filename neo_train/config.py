@@ -180,6 +180,12 @@ class TrainConfig(_Replace):
     """Embedding kernel backend: 'auto', 'reference', 'fbgemm' or 'triton'."""
     pipeline: bool = True
     """Prefetch the next batch and run its input dist in the background (same results)."""
+    checkpoint_dir: str = ""
+    """Root directory of checkpoints (shared by every rank); empty: no checkpoints."""
+    checkpoint_every: int = 0
+    """Save every this many steps (and at the end); 0: only at the end (when checkpoint_dir is set)."""
+    resume: bool = True
+    """Resume from the newest checkpoint under checkpoint_dir when there is one."""
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
@@ -193,6 +199,7 @@ class TrainConfig(_Replace):
         _check(self.eval_every >= 0, "train.eval_every", f"must be >= 0, got {self.eval_every}")
         _check(self.eval_batches >= 1, "train.eval_batches", f"must be >= 1, got {self.eval_batches}")
         _check(self.log_every >= 1, "train.log_every", f"must be >= 1, got {self.log_every}")
+        _check(self.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class Communicator(ABC):
 
         The first half of every "v" exchange (split sizes first, then values).
         """
-        t = torch.tensor(list(my_sizes), dtype=torch.int64)
+        t = torch.tensor(list(my_sizes), dtype=torch.int64, device=getattr(self, "device", "cpu"))
         out = self.all_to_all_v(t, [1] * self.world_size, [1] * self.world_size, tag=tag)
         return [int(v) for v in out.tolist()]
 

@@ -116,8 +116,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def check_peers(self, digest: str) -> None:
         """Every rank must hold the same model, plan and optimizer: compare config hashes."""
-        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int64)
-        everyone = self.comm.all_gather_v(mine, [mine.numel()] * self.comm.world_size, tag="config_check")
+        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int64, device=getattr(self.comm, "device", "cpu"))
+        everyone = self.comm.all_gather_v(mine, [mine.numel()] * self.comm.world_size, tag="config_check").cpu()
         hashes = [bytes(everyone[i * 8 : (i + 1) * 8].tolist()).hex() for i in range(self.comm.world_size)]
         bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
         if bad:
@@ -209,8 +209,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     else:
                         e[k][s.row_start : s.row_end, s.col_start : s.col_end] = v
         names = [(t, k) for t in out for k in out[t]]
-        flat = torch.cat([out[t][k].reshape(-1) for t, k in names])
-        self.comm.all_reduce(flat, tag="state_dict_gather")
+        flat = torch.cat([out[t][k].reshape(-1) for t, k in names]).to(getattr(self.comm, "device", "cpu"))
+        flat = self.comm.all_reduce(flat, tag="state_dict_gather").cpu()
         for (t, k), part in zip(names, flat.split([out[t][k].numel() for t, k in names])):
             out[t][k] = part.view_as(out[t][k]).clone()
         return out

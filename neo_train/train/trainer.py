@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -141,16 +142,14 @@ class Trainer:
         else:
             self.model = build_model(cfg, self.device)
         self.optimizer = make_dense_optimizer(cfg.train, self.model.dense_parameters())
+        self._own_train_data = train_data is None
         self.train_data = (
             iter(train_data) if train_data is not None else make_data(cfg, "train", self.rank, self.world_size)
         )
         self._eval_data = eval_data
         self.progress = progress and self.rank == 0
         self.writer = None
-        if log_dir is not None and self.rank == 0:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(log_dir))
+        self._log_dir = log_dir if self.rank == 0 else None
 
     @property
     def backend(self) -> str:
@@ -161,7 +160,7 @@ class Trainer:
         all-reduce for the whole list: the loss exchange is batched, not one sync per step."""
         if self.comm is None or not values:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=getattr(self.comm, "device", "cpu"))
         return self.comm.all_reduce(t, op="avg", tag="metrics").tolist()
 
     def gather_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -236,15 +235,22 @@ class Trainer:
             raise ValueError("evaluation data is empty")
         lg, lb = torch.cat(logits).float().cpu(), torch.cat(labels).float().cpu()
         if self.comm is not None:  # metrics over every rank's held-out samples
-            sizes = [int(v) for v in self.comm.all_gather_v(torch.tensor([lg.numel()]), [1] * self.world_size, tag="metrics")]
-            lg = self.comm.all_gather_v(lg, sizes, tag="metrics")
-            lb = self.comm.all_gather_v(lb, sizes, tag="metrics")
+            dev = getattr(self.comm, "device", "cpu")
+            n = torch.tensor([lg.numel()], device=dev)
+            sizes = [int(v) for v in self.comm.all_gather_v(n, [1] * self.world_size, tag="metrics")]
+            lg = self.comm.all_gather_v(lg.to(dev), sizes, tag="metrics").cpu()
+            lb = self.comm.all_gather_v(lb.to(dev), sizes, tag="metrics").cpu()
         return binary_metrics(lg, lb)
 
     def run(self) -> TrainResult:
         t = self.cfg.train
         result = TrainResult(self.cfg.name, self.backend, self.world_size, t.batch_size, t.steps)
-        bar = _progress(t.steps, self.progress)
+        start = self._resume(result)
+        if self._log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self._log_dir), purge_step=start or None)
+        bar = _progress(t.steps, self.progress, initial=start)
         train_time = 0.0
         pending: list[float] = []  # local losses not yet averaged over ranks
 
@@ -260,8 +266,9 @@ class Trainer:
 
         pipe = TrainPipeline(self) if t.pipeline else None
         try:
-            for step in range(t.steps):
-                start = time.perf_counter()
+            for step in range(start, t.steps):
+                t0 = time.perf_counter()
+                _fault_injection(step, self.rank)
                 if pipe is not None:
                     loss = pipe.step(step)
                 else:
@@ -270,7 +277,7 @@ class Trainer:
                     except StopIteration:
                         raise ValueError(f"training data ran out at step {step} of {t.steps}") from None
                     loss = self.train_step(batch, step)
-                dt = time.perf_counter() - start
+                dt = time.perf_counter() - t0
                 train_time += dt
                 pending.append(loss)
                 bar.update(1)
@@ -284,22 +291,56 @@ class Trainer:
                     if pipe is not None:
                         pipe.drain()  # the evaluation's input dist uses the same process group
                     self._record_eval(result, step + 1)
+                if t.checkpoint_dir and t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < t.steps:
+                    flush(step + 1)
+                    self._save(step + 1, result)
         finally:
             if pipe is not None:
                 pipe.close()
         flush(t.steps)
+        if t.checkpoint_dir:
+            self._save(t.steps, result)
         bar.close()
         result.train_seconds = train_time
         # global throughput: every rank trains b samples a step; the slowest rank sets the pace
         train_time = self.global_max(train_time)
         result.train_seconds = train_time
-        result.samples_per_s = t.steps * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
-        result.step_ms = self.step_breakdown(t.steps)
+        done = t.steps - start
+        result.samples_per_s = done * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
+        result.step_ms = self.step_breakdown(done)
         result.eval = self._record_eval(result, t.steps)
         if self.writer is not None:
             self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, t.steps)
             self.writer.close()
         return result
+
+    def _resume(self, result: TrainResult) -> int:
+        """Resume from the newest checkpoint (collective); returns the step to start at."""
+        t = self.cfg.train
+        if not (t.checkpoint_dir and t.resume):
+            return 0
+        from .checkpoint import resume_from_latest
+
+        start, batch = resume_from_latest(self, t.checkpoint_dir)
+        if start:
+            if self._own_train_data:  # the data stream continues where the checkpoint left it
+                self.train_data = make_data(self.cfg, "train", self.rank, self.world_size, batch)
+            history = Path(t.checkpoint_dir) / "losses.json"
+            if history.exists():  # per-step global losses of the steps before the restart
+                result.losses.extend(json.loads(history.read_text())["losses"][:start])
+            if self.rank == 0:
+                print(f"neo-train: resumed from step {start} ({t.checkpoint_dir})", flush=True)
+        return start
+
+    def _save(self, step: int, result: TrainResult) -> None:
+        from .checkpoint import checkpoint_dir, save_checkpoint
+
+        save_checkpoint(self, checkpoint_dir(self.cfg.train.checkpoint_dir, step), step)
+        if self.rank == 0:  # the global losses so far, so a resumed run reports every step once
+            path = Path(self.cfg.train.checkpoint_dir) / "losses.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step, "losses": result.losses[:step]}))
+            tmp.replace(path)
 
     def _log_breakdown(self, step: int) -> None:
         """TensorBoard: per-phase ms/step and bytes per collective tag per step, so far."""
@@ -312,7 +353,8 @@ class Trainer:
     def global_max(self, value: float) -> float:
         if self.comm is None:
             return value
-        return float(self.comm.all_reduce(torch.tensor([value], dtype=torch.float64), op="max", tag="metrics")[0])
+        t = torch.tensor([value], dtype=torch.float64, device=getattr(self.comm, "device", "cpu"))
+        return float(self.comm.all_reduce(t, op="max", tag="metrics")[0])
 
     def _record_eval(self, result: TrainResult, step: int) -> dict[str, float]:
         m = self.evaluate()
@@ -323,7 +365,19 @@ class Trainer:
         return m
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, initial: int = 0):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, disable=not enabled, desc="train", unit="step", dynamic_ncols=True, leave=False)
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", unit="step", dynamic_ncols=True, leave=False)
+
+
+def _fault_injection(step: int, rank: int) -> None:
+    """Testing aid for elastic restarts: NEO_TRAIN_FAIL_AT="<step>:<rank>" kills that rank at
+    that step, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
+    spec = os.environ.get("NEO_TRAIN_FAIL_AT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    at, who = (int(x) for x in spec.split(":"))
+    if step == at and rank == who:
+        print(f"neo-train: NEO_TRAIN_FAIL_AT: rank {rank} dies at step {step}", flush=True)
+        os._exit(17)
