@@ -15,7 +15,7 @@ import torch
 from .codecs import Codec
 from .interface import Communicator
 
-__all__ = ["all_to_all_v", "reduce_scatter_v", "all_gather_v"]
+__all__ = ["all_to_all_v", "reduce_scatter_v", "all_gather_v", "all_to_all_v_async", "Pending"]
 
 _ID = Codec()
 
@@ -88,3 +88,55 @@ def all_gather_v(
 ) -> torch.Tensor:
     """x (sizes[rank], *S) -> (sum sizes, *S); differentiable."""
     return _AllGatherV.apply(x, comm, list(sizes), fwd, bwd, tag)
+
+
+class Pending:
+    """A differentiable result still in flight: ``wait()`` returns it (once)."""
+
+    def __init__(self, wait) -> None:
+        self._wait, self._value = wait, None
+
+    def wait(self) -> torch.Tensor:
+        if self._value is None:
+            self._value = self._wait()
+        return self._value
+
+
+class _AllToAllVStart(torch.autograd.Function):
+    """Launches the all-to-all asynchronously; returns an empty marker that _AllToAllVWait
+    consumes, so autograd runs the wait's backward (the mirror exchange) before this one's."""
+
+    @staticmethod
+    def forward(ctx, x, comm, ins, outs, fwd, bwd, tag, box):  # type: ignore[override]
+        box.update(comm=comm, ins=ins, outs=outs, fwd=fwd, bwd=bwd, tag=tag, dtype=x.dtype)
+        box["handle"] = comm.all_to_all_v(fwd.encode(x).contiguous(), ins, outs, async_op=True, tag=tag)
+        ctx.box = box
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _g):  # type: ignore[override]
+        return ctx.box.pop("grad_x"), None, None, None, None, None, None, None
+
+
+class _AllToAllVWait(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, marker, box):  # type: ignore[override]
+        ctx.box = box
+        return box["fwd"].decode(box.pop("handle").wait(), box["dtype"])
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        b = ctx.box
+        b["grad_x"] = _a2a(b["comm"], g.contiguous(), b["outs"], b["ins"], b["bwd"], b["tag"] + "_bwd")
+        return g.new_zeros(0), None
+
+
+def all_to_all_v_async(
+    comm: Communicator, x: torch.Tensor, in_splits: Sequence[int], out_splits: Sequence[int],
+    fwd: Codec = _ID, bwd: Codec = _ID, tag: str = "",
+) -> Pending:
+    """all_to_all_v started now, finished by ``wait()``: compute placed in between overlaps it.
+    The backward (the mirror exchange) is synchronous, as in ``all_to_all_v``."""
+    box: dict = {}
+    marker = _AllToAllVStart.apply(x, comm, list(in_splits), list(out_splits), fwd, bwd, tag, box)
+    return Pending(lambda: _AllToAllVWait.apply(marker, box))

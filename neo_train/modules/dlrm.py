@@ -44,7 +44,13 @@ class DLRM(nn.Module):
             )
         if sparse.batch_size != dense.shape[0]:
             raise ValueError(f"sparse batch size {sparse.batch_size} != dense batch size {dense.shape[0]}")
-        x = self.bottom(dense)  # (B, D)
-        pooled = self.embeddings(sparse)  # (B, sum D_f)
+        if hasattr(self.embeddings, "forward_async"):
+            # sharded: the pooled embeddings' all-to-all is in flight while the bottom MLP runs
+            pending = self.embeddings.forward_async(sparse)
+            x = self.bottom(dense)  # (B, D)
+            pooled = pending.wait()  # (B, sum D_f)
+        else:
+            x = self.bottom(dense)  # (B, D)
+            pooled = self.embeddings(sparse)  # (B, sum D_f)
         z = self.interaction(x, pooled)
         return self.logit(self.top(z)).squeeze(1)

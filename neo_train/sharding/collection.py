@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..comm import Communicator, make_codec
+from ..comm.autograd import Pending
 from ..config import ModelConfig
 from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
@@ -161,6 +162,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         with t("input_dist"):
             routed = [g.input_dist(sparse.select(g.feature_names)) for g in self.groups.values()]
         return DistributedSparse(routed, sparse.batch_size)
+
+    def forward_async(self, sparse: "SparseFeatures | DistributedSparse") -> Pending:
+        """Lookups now, output dists in flight; ``wait()`` gives what ``forward`` returns. The
+        DLRM runs its bottom MLP in between (Neo's overlap of the pooled all-to-all)."""
+        dist = sparse if isinstance(sparse, DistributedSparse) else self.input_dist(sparse)
+        pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
+
+        def finish() -> torch.Tensor:
+            pooled = torch.cat([p.wait() for p in pend], dim=1).index_select(1, self._perm)
+            return ScaleGrad.apply(pooled, 1.0 / self.comm.world_size)
+
+        return Pending(finish)
 
     def forward(self, sparse: "SparseFeatures | DistributedSparse") -> torch.Tensor:
         """pooled (b, sum D_f) in model feature order, from a local batch or a distributed one."""

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..comm import Codec, Communicator, all_to_all_v, make_codec
+from ..comm.autograd import Pending, all_to_all_v_async
 from ..config import TableConfig
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
 from ..kernels.init import init_table
@@ -200,18 +201,26 @@ def build_kernel(
 
 
 def flat_exchange(
-    comm: Communicator, x: torch.Tensor, b: int, widths: Sequence[int], fwd: Codec, bwd: Codec, tag: str
-) -> torch.Tensor:
+    comm: Communicator, x: torch.Tensor, b: int, widths: Sequence[int], fwd: Codec, bwd: Codec, tag: str,
+    async_op: bool = False,
+):
     """Output dist of pooled blocks of differing widths: x (W*b, D_me), rows of source i at
     [i*b, (i+1)*b), goes back to source i; returns (b, sum widths) with peer j's block (width
-    widths[j]) at its place in peer order. Differentiable (the backward is the mirror exchange).
+    widths[j]) at its place in peer order (a ``Pending`` of it with ``async_op``).
+    Differentiable (the backward is the mirror exchange).
     """
     W = comm.world_size
     me = widths[comm.rank]
-    flat = x.reshape(-1)
-    out = all_to_all_v(comm, flat, [b * me] * W, [b * w for w in widths], fwd, bwd, tag)
-    blocks = [blk.view(b, w) for blk, w in zip(out.split([b * w for w in widths]), widths)]
-    return torch.cat(blocks, dim=1) if blocks else out.view(b, 0)
+    ins, outs = [b * me] * W, [b * w for w in widths]
+
+    def unflatten(out: torch.Tensor) -> torch.Tensor:
+        blocks = [blk.view(b, w) for blk, w in zip(out.split(outs), widths)]
+        return torch.cat(blocks, dim=1) if blocks else out.view(b, 0)
+
+    if async_op:
+        pending = all_to_all_v_async(comm, x.reshape(-1), ins, outs, fwd, bwd, tag)
+        return Pending(lambda: unflatten(pending.wait()))
+    return unflatten(all_to_all_v(comm, x.reshape(-1), ins, outs, fwd, bwd, tag))
 
 
 class ScaleGrad(torch.autograd.Function):
@@ -243,6 +252,12 @@ class EmbeddingSharding(nn.Module):
 
     def forward(self, sparse) -> torch.Tensor:
         return self.compute(self.input_dist(sparse), sparse.batch_size)
+
+    def compute_async(self, routed, b: int) -> Pending:
+        """Lookup now, output dist in flight: the caller overlaps compute until ``wait()``.
+        Default: synchronous (a type whose output dist can run asynchronously overrides it)."""
+        out = self.compute(routed, b)
+        return Pending(lambda: out)
 
     def compute(self, routed, b: int) -> torch.Tensor:
         """Lookup and output dist of an already distributed input (b local samples)."""

@@ -12,11 +12,13 @@
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
 from ..comm import reduce_scatter_v
+from ..comm.autograd import Pending, all_to_all_v_async
 from ..data.batch import SparseFeatures
 from .common import EmbeddingSharding, GroupFeature, Routed, ShardingContext, Unit, build_kernel, route_to_owners
 
@@ -131,6 +133,26 @@ class RowWiseSharding(EmbeddingSharding):
         return reduce_scatter_v(
             self.ctx.comm, partial, [b] * W, self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist"
         )  # (b, sum D) in group order
+
+    def compute_async(self, routed: Routed, b: int) -> Pending:
+        """Lookup now; the reduce-scatter (an all-to-all of the partial-sum segments, summed on
+        arrival) runs while the caller computes. Types with another output dist (TWRW) keep the
+        synchronous path."""
+        if type(self).output_dist is not RowWiseSharding.output_dist:
+            return super().compute_async(routed, b)
+        W = self.ctx.world_size
+        t = self.ctx.timer or (lambda _phase: nullcontext())
+        with t("lookup"):
+            partial = self.partial_sums(self.lookup(routed), W * b, range(len(self.features)))
+        D = partial.shape[1]
+        pending = all_to_all_v_async(self.ctx.comm, partial.reshape(-1), [b * D] * W, [b * D] * W,
+                                     self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
+
+        def finish() -> torch.Tensor:
+            with t("output_dist"):
+                return pending.wait().view(W, b, D).sum(dim=0)  # sum over owners, in rank order
+
+        return Pending(finish)
 
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]

@@ -11,10 +11,12 @@ Column-wise sharding is the same machinery with one unit per column shard (colum
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
+from ..comm.autograd import Pending
 from ..data.batch import SparseFeatures
 from .common import (
     EmbeddingSharding,
@@ -92,6 +94,26 @@ class TableWiseSharding(EmbeddingSharding):
         if self.kernel is None:  # a rank that owns no table of this group: nothing to look up
             return torch.zeros(0, 0, device=self.ctx.device)
         return self.kernel(routed.values, routed.offsets(), routed.weights)  # (W*b, D_me)
+
+    def compute_async(self, routed: Routed, b: int) -> Pending:
+        """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP)."""
+        t = self.ctx.timer or (lambda _phase: nullcontext())
+        with t("lookup"):
+            pooled = self._pooled_or_empty(self.lookup(routed), b)
+        pending = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec,
+                                "output_dist", async_op=True)
+
+        def finish() -> torch.Tensor:
+            with t("output_dist"):
+                return pending.wait().index_select(1, self._perm)
+
+        return Pending(finish)
+
+    def _pooled_or_empty(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
+        if self.kernel is None:
+            # requires_grad so this rank still joins the mirror all-to-all in the backward
+            return torch.zeros(self.ctx.world_size * b, 0, device=self.ctx.device, requires_grad=True)
+        return pooled
 
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
         W = self.ctx.world_size
