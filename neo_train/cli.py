@@ -8,6 +8,8 @@
     torchrun --nproc-per-node 8 -m neo_train train --plan plan.json
     neo-train config --preset criteo_kaggle --out criteo.toml
     neo-train plan --preset model_a --nodes 16 --gpus-per-node 8 --topology zionex
+    neo-train train --nproc 4 --collective-rules "all_to_all_v:opera" --trace-dir traces
+    neo-train replay traces --rules "all_to_all_v:pairwise"
     neo-train info                          # versions and kernel backends
 """
 from __future__ import annotations
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-dir", help="checkpoint root (shared by all ranks); resumes from its newest checkpoint")
     t.add_argument("--checkpoint-every", type=int, help="save every S steps (and at the end)")
     t.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints under --checkpoint-dir")
+    t.add_argument("--collective-rules", help="schedule algorithms per collective/size, e.g. 'all_to_all_v:opera, all_reduce:ring'")
+    t.add_argument("--hosts-per-rack", type=int, help="ranks per rack for the opera algorithm")
+    t.add_argument("--trace-dir", help="record every collective (param comms-trace JSON) here")
     t.add_argument("--max-restarts", type=int, default=0, help="elastic restarts after a rank fails (with --nproc; resumes from the newest checkpoint)")
 
     c = sub.add_parser("config", help="print or write a preset as TOML")
@@ -66,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .sharding.plan_cli import add_plan_arguments
 
     add_plan_arguments(sub.add_parser("plan", help="plan a model's sharding for a cluster (cost model + placement)"))
+    from .comm.replay import add_replay_arguments
+
+    add_replay_arguments(sub.add_parser("replay", help="replay recorded collective traces on real ranks, any algorithm"))
     sub.add_parser("info", help="versions and available kernel backends")
     return p
 
@@ -100,6 +108,9 @@ def config_from_args(args: argparse.Namespace):
             "forward_comm_dtype": args.comm_dtype_fwd,
             "backward_comm_dtype": args.comm_dtype_bwd,
             "timeout_s": args.timeout,
+            "collective_rules": args.collective_rules,
+            "hosts_per_rack": args.hosts_per_rack,
+            "trace_dir": args.trace_dir,
         }.items()
         if v is not None
     }
@@ -200,7 +211,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         if torch.cuda.is_available() and (args.device or "cuda").startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        comm = init_distributed(timeout_s=cfg.dist.timeout_s)
+        comm = wrap_communicator(init_distributed(timeout_s=cfg.dist.timeout_s), cfg,
+                                 args.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None)
         rank, world = comm.rank, comm.world_size
     device = args.device or (f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     if comm is not None:
@@ -231,8 +243,30 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if comm is not None:
         import torch.distributed as dist
 
+        if cfg.dist.trace_dir:
+            path = comm.dump(cfg.dist.trace_dir)  # every rank writes its own trace_rank<r>.json
+            say(f"collective traces written to {path.parent} (replay: neo-train replay {cfg.dist.trace_dir})")
         dist.destroy_process_group()
     return 0
+
+
+def wrap_communicator(comm, cfg, local_world_size: int | None):
+    """The job's communicator: native, behind schedule rules (if any), behind a tracer (if any)."""
+    if cfg.dist.collective_rules:
+        from .comm import ScheduleCommunicator
+        from .comm.schedules.registry import TopologyHint
+
+        hint = TopologyHint(
+            local_world_size=local_world_size,
+            hosts_per_rack=cfg.dist.hosts_per_rack or local_world_size,
+            bulk_threshold_bytes=cfg.dist.opera_bulk_threshold_bytes,
+        )
+        comm = ScheduleCommunicator(comm, cfg.dist.collective_rules, hint=hint)
+    if cfg.dist.trace_dir:
+        from .comm import TracingCommunicator
+
+        comm = TracingCommunicator(comm)
+    return comm
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -261,9 +295,11 @@ def _info(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    from .comm.replay import replay_command
     from .sharding.plan_cli import plan_command
 
-    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command}
+    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,
+                "replay": replay_command}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

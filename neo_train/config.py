@@ -251,6 +251,15 @@ class DistConfig(_Replace):
     """Wire format of their gradients in the backward: 'fp32', 'fp16' or 'bf16'."""
     timeout_s: float = 120.0
     """Timeout of every collective, in seconds: a peer that never arrives is an error, not a hang."""
+    collective_rules: str = ""
+    """Schedule algorithm per collective and size, tried in order, e.g.
+    'all_to_all_v<=64KB:bruck, all_to_all_v:opera, all_reduce:ring'; empty: native collectives."""
+    hosts_per_rack: int = 0
+    """Ranks per rack for the 'opera' algorithm (0: the local world size)."""
+    opera_bulk_threshold_bytes: int = 15_000_000
+    """'opera': blocks of at least this many bytes wait for their direct circuit; smaller ones relay."""
+    trace_dir: str = ""
+    """Record every collective in param's comms-trace JSON, one trace_rank<r>.json per rank, here."""
 
     def __post_init__(self) -> None:
         _check(self.sharding in SHARDING_TYPES, "dist.sharding", f"must be one of {SHARDING_TYPES}, got {self.sharding!r}")
@@ -258,6 +267,14 @@ class DistConfig(_Replace):
             v = getattr(self, name)
             _check(v in COMM_DTYPES, f"dist.{name}", f"must be one of {COMM_DTYPES}, got {v!r}")
         _check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
+        _check(self.hosts_per_rack >= 0, "dist.hosts_per_rack", f"must be >= 0, got {self.hosts_per_rack}")
+        if self.collective_rules:
+            from .comm.executor import parse_rules  # imports torch; only when rules are given
+
+            try:
+                parse_rules(self.collective_rules)
+            except ValueError as e:
+                raise ValueError(f"dist.collective_rules: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,10 @@
 from .autograd import all_gather_v, all_to_all_v, reduce_scatter_v
 from .codecs import CODECS, Codec, make_codec
 from .interface import CollectiveError, Communicator, Handle, check_splits
+from .executor import Rule, ScheduleCommunicator, parse_rules
 from .native import NativeCommunicator, init_distributed
+from .replay import ReplayReport, replay
+from .trace import TraceError, TracingCommunicator, load_trace
 
 __all__ = [
     "Communicator",
@@ -17,4 +20,12 @@ __all__ = [
     "Codec",
     "make_codec",
     "CODECS",
+    "ScheduleCommunicator",
+    "Rule",
+    "parse_rules",
+    "TracingCommunicator",
+    "load_trace",
+    "TraceError",
+    "replay",
+    "ReplayReport",
 ]

@@ -1,0 +1,394 @@
+"""Record every collective as facebookresearch/param's basic comms trace, one JSON file per rank.
+
+    comm = TracingCommunicator(native_comm)          # wrap the world communicator (and its subgroups)
+    ... train ...
+    comm.dump("traces/")                             # -> traces/trace_rank{global rank}.json
+    entries = load_trace("traces/trace_rank0.json")  # validated; replay.py replays them
+
+The format, checked against facebookresearch/param (train/comms/pt/commsTraceParser.py,
+``_parseBasicTrace``/``_parseBasicTraceComms``; train/comms/pt/commsTraceReplay.py,
+``extractCommsInfo`` and ``readRawTrace``; et_replay/comm/comms_utils.py, ``paramToCommName``,
+``commsArgs``, ``paramCommsBench.dtypeMap`` and the all_to_allv split handling): the file is ONE
+JSON list (``json.load`` then iterate), one object per collective, with the keys the parser
+reads: ``comms`` (``all_to_allv``, ``all_reduce``, ``all_gather``, ``reduce_scatter``,
+``barrier``; any spelling ``paramToCommName`` folds to these is accepted on load), ``req``,
+``startTime_ns``, ``world_size``, ``pg_id``, ``global_ranks`` (param's ``groupRanks``),
+``markers`` (param's ``markerStack``: here ``[tag]``, the training phase), ``in_msg_size`` /
+``out_msg_size`` (elements), ``dtype`` (param's names: float, double, half, bfloat16, int, long,
+...), and ``in_split`` / ``out_split`` (per-peer element counts; param reads them for
+all_to_allv and rescales dim-0 splits to the flattened tensor, which is the identity for our
+element counts). Keys param ignores carry what replay and analysis need beyond that:
+``duration_ns``, ``seqnum`` (per process group), ``group_rank``, ``global_rank``, ``reduce_op``;
+uneven all_gather / reduce_scatter keep their per-rank sizes in ``out_split`` / ``in_split``.
+(param's directory mode reads ``rank-{r}.json``; pass our per-rank files explicitly instead.)
+
+Timing: ``startTime_ns`` is wall-clock (time.time_ns) at the call; ``duration_ns`` runs to the
+call's return, or for ``async_op`` to ``wait()`` (or the future completing), null if never waited.
+Entries are appended at issue time, so a rank's file lists its collectives in issue order.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .interface import Communicator, Handle
+
+__all__ = [
+    "TracingCommunicator",
+    "TraceRecorder",
+    "TraceError",
+    "load_trace",
+    "param_comm_name",
+    "DTYPE_NAMES",
+    "torch_dtype",
+]
+
+# param's paramToCommName aliases (letters only, lower case) for what we replay
+_ALIASES = {
+    "alltoallv": "all_to_allv",
+    "alltoallbase": "all_to_allv",
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherv": "all_gather",
+    "allgatherbase": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterv": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter",
+    "barrier": "barrier",
+}
+DTYPE_NAMES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "half",
+    torch.bfloat16: "bfloat16",
+    torch.int32: "int",
+    torch.int64: "long",
+    torch.int16: "short",
+    torch.int8: "int8",
+    torch.uint8: "byte",
+    torch.bool: "bool",
+}
+# param's dtypeMap keys (and torch's own names) -> torch dtype
+_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()} | {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "char": torch.int8,
+    "signed char": torch.int8,
+    "unsigned char": torch.uint8,
+}
+
+
+class TraceError(ValueError):
+    """A malformed trace; the message names the file, the entry index and the field."""
+
+
+def param_comm_name(name: str) -> str | None:
+    """param's canonical collective name for ``name`` (None if we cannot replay it)."""
+    return _ALIASES.get("".join(c for c in str(name).lower() if c.isalpha()))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; one of {sorted(_DTYPES)}") from None
+
+
+class TraceRecorder:
+    """The entries of one process (shared by a TracingCommunicator and its subgroups).
+
+    Entries hold only numbers, strings and tuples (lists in the JSON), so the garbage collector
+    stops tracking them: a long trace does not slow every later allocation down."""
+
+    def __init__(self, global_rank: int) -> None:
+        self.global_rank = global_rank
+        self.entries: list[dict[str, Any]] = []
+        self._seq: dict[int, int] = {}
+        self.next_pg = 0  # fallback process-group ids, when torch's group names are not numbers
+
+    def dump(self, path: str | Path) -> Path:
+        """Write the entries; ``path`` is a ``.json`` file or a directory (-> trace_rank{r}.json)."""
+        p = Path(path)
+        if p.suffix != ".json":
+            p.mkdir(parents=True, exist_ok=True)
+            p = p / f"trace_rank{self.global_rank}.json"
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        body = ",\n".join(json.dumps(e) for e in self.entries)
+        p.write_text(f"[\n{body}\n]\n" if body else "[]\n")
+        return p
+
+
+def _torch_pg_id(inner: Communicator) -> int | None:
+    """torch's name of the process group when it is a number (torch numbers groups in creation
+    order, the same on every rank; param's execution-trace parser uses the same number)."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        group = getattr(inner, "group", None) or dist.group.WORLD
+        name = c10d._get_process_group_name(group)
+        return int(name) if str(name).isdecimal() else None
+    except Exception:  # noqa: BLE001 - not a torch.distributed group: fall back to our numbering
+        return None
+
+
+class TracingCommunicator(Communicator):
+    """Forwards every collective to ``inner`` and records it (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: Communicator,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        recorder: TraceRecorder | None = None,
+        pg_id: int | None = None,
+    ) -> None:
+        self.inner = inner
+        self.rank = inner.rank if rank is None else int(rank)
+        self.world_size = inner.world_size if world_size is None else int(world_size)
+        if (self.rank, self.world_size) != (inner.rank, inner.world_size):
+            raise ValueError(
+                f"TracingCommunicator: rank {self.rank} / world size {self.world_size} disagree with the "
+                f"wrapped communicator's {inner.rank} / {inner.world_size}"
+            )
+        self.global_ranks = list(getattr(inner, "global_ranks", range(self.world_size)))
+        self._ranks = tuple(self.global_ranks)
+        self.recorder = recorder or TraceRecorder(self.global_ranks[self.rank])
+        if pg_id is None:
+            pg_id = _torch_pg_id(inner)
+        if pg_id is None:
+            pg_id = self.recorder.next_pg
+        self.recorder.next_pg = max(self.recorder.next_pg, pg_id + 1)
+        self.pg_id = pg_id
+
+    def __getattr__(self, name):  # group, device, name, ... of the wrapped communicator
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        return self.recorder.entries
+
+    def dump(self, path: str | Path) -> Path:
+        return self.recorder.dump(path)
+
+    # ---- recording --------------------------------------------------------------------------
+    def _record(self, comms: str, tag: str, n_in: int = 0, n_out: int = 0, dtype: str = "", ins: tuple = (), outs: tuple = ()) -> dict:
+        rec = self.recorder
+        seq = rec._seq.get(self.pg_id, 0)
+        rec._seq[self.pg_id] = seq + 1
+        entry = {
+            "comms": comms, "req": len(rec.entries), "seqnum": seq, "pg_id": self.pg_id,
+            "global_ranks": self._ranks, "world_size": self.world_size, "group_rank": self.rank,
+            "global_rank": rec.global_rank, "in_msg_size": n_in, "out_msg_size": n_out, "dtype": dtype,
+            "in_split": ins, "out_split": outs, "startTime_ns": time.time_ns(), "duration_ns": None,
+            "markers": (tag or "untagged",),
+        }
+        if comms == "barrier":  # param reads no sizes for a barrier
+            for key in ("in_msg_size", "out_msg_size", "dtype", "in_split", "out_split"):
+                del entry[key]
+        rec.entries.append(entry)
+        return entry
+
+    @staticmethod
+    def _run(entry: dict, call, async_op: bool):
+        """Run the collective; its duration lands in the entry (for async: when waited on)."""
+        t0 = time.perf_counter_ns()
+        try:
+            out = call()
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"[:300]
+            raise
+        if not async_op:
+            entry["duration_ns"] = time.perf_counter_ns() - t0
+            return out
+
+        def finish(result):
+            if entry["duration_ns"] is None:
+                entry["duration_ns"] = time.perf_counter_ns() - t0
+            return result
+
+        fut = None
+        if out._future is not None:
+            inner_future = out._future
+            fut = lambda: inner_future().then(lambda f: finish(f.value()))  # noqa: E731
+        return Handle(lambda: finish(out.wait()), _future=fut)
+
+    @staticmethod
+    def _dtype(x: torch.Tensor) -> str:
+        return DTYPE_NAMES.get(x.dtype) or str(x.dtype).replace("torch.", "")
+
+    def all_to_all_v(self, x, in_splits, out_splits, *, async_op=False, tag=""):
+        e = math.prod(x.shape[1:])
+        ins, outs = tuple([int(v) * e for v in in_splits]), tuple([int(v) * e for v in out_splits])
+        entry = self._record("all_to_allv", tag, x.numel(), sum(outs), self._dtype(x), ins, outs)
+        return self._run(entry, lambda: self.inner.all_to_all_v(x, in_splits, out_splits, async_op=async_op, tag=tag), async_op)
+
+    def all_gather_v(self, x, sizes, *, async_op=False, tag=""):
+        e = math.prod(x.shape[1:])
+        outs = tuple([int(v) * e for v in sizes])
+        entry = self._record("all_gather", tag, x.numel(), sum(outs), self._dtype(x), (), outs)
+        return self._run(entry, lambda: self.inner.all_gather_v(x, sizes, async_op=async_op, tag=tag), async_op)
+
+    def reduce_scatter_v(self, x, splits, *, async_op=False, tag=""):
+        e = math.prod(x.shape[1:])
+        ins = tuple([int(v) * e for v in splits])
+        mine = ins[self.rank] if len(ins) == self.world_size else 0
+        entry = self._record("reduce_scatter", tag, x.numel(), mine, self._dtype(x), ins, ())
+        return self._run(entry, lambda: self.inner.reduce_scatter_v(x, splits, async_op=async_op, tag=tag), async_op)
+
+    def all_reduce(self, x, op="sum", *, async_op=False, tag=""):
+        entry = self._record("all_reduce", tag, x.numel(), x.numel(), self._dtype(x), (), ())
+        entry["reduce_op"] = op
+        return self._run(entry, lambda: self.inner.all_reduce(x, op, async_op=async_op, tag=tag), async_op)
+
+    def barrier(self) -> None:
+        self._run(self._record("barrier", "barrier"), self.inner.barrier, False)
+
+    def _wrap(self, g: Communicator | None, fallback_id: int) -> "TracingCommunicator | None":
+        if g is None:
+            return None
+        pg = _torch_pg_id(g)
+        return TracingCommunicator(g, recorder=self.recorder, pg_id=pg if pg is not None else fallback_id)
+
+    def subgroup(self, ranks: Sequence[int], name: str = "sub") -> "TracingCommunicator | None":
+        fallback = self.recorder.next_pg  # counted on members and non-members alike
+        self.recorder.next_pg += 1
+        return self._wrap(self.inner.subgroup(ranks, name=name), fallback)  # type: ignore[call-arg]
+
+    def node_groups(self, local_world_size: int):
+        W, L = self.world_size, local_world_size
+        base = self.recorder.next_pg  # the inner creates W/L node groups, then L cross groups
+        self.recorder.next_pg += W // max(L, 1) + L
+        intra, cross = self.inner.node_groups(local_world_size)  # type: ignore[attr-defined]
+        return self._wrap(intra, base + self.rank // L), self._wrap(cross, base + W // L + self.rank % L)
+
+
+# ---- loading and checking ---------------------------------------------------------------------
+def _int(where: str, e: dict, key: str, minimum: int = 0) -> int:
+    v = e[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise TraceError(f"{where}: field '{key}' must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _int_list(where: str, e: dict, key: str, length: int) -> list[int]:
+    v = e[key]
+    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+        raise TraceError(f"{where}: field '{key}' must be a list of non-negative integers, got {v!r}")
+    if len(v) != length:
+        raise TraceError(f"{where}: field '{key}' has {len(v)} entries for a world size of {length}")
+    return list(v)
+
+
+def load_trace(path: str | Path) -> list[dict[str, Any]]:
+    """Read and check one rank's trace; returns its entries with canonical keys filled in
+    (``comms`` canonical, ``global_ranks``, ``pg_id``, ``markers``, ``in_split``/``out_split``
+    as per-rank lists where the collective has them, ``duration_ns`` or None).
+
+    Raises ``TraceError`` naming the entry index and field: missing fields, sizes that are not
+    non-negative integers, splits not summing to the message size, a world size that disagrees
+    with the group's ranks, a process group whose ranks change between entries."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, list):
+        raise TraceError(f"{path}: expected a JSON list of entries (param's basic comms trace), got a {type(data).__name__}")
+    groups: dict[int, list[int]] = {}
+    out = []
+    for i, raw in enumerate(data):
+        where = f"{path}: entry {i}"
+        if not isinstance(raw, dict):
+            raise TraceError(f"{where}: expected an object, got {raw!r}")
+        e = dict(raw)
+        if "comms" not in e:
+            raise TraceError(f"{where}: missing field 'comms'")
+        comms = param_comm_name(e["comms"])
+        if comms is None:
+            raise TraceError(f"{where}: field 'comms' = {e['comms']!r} is not a collective we replay ({sorted(set(_ALIASES.values()))})")
+        e["comms"] = where_comms = comms
+        where = f"{path}: entry {i} ({where_comms})"
+        if "global_ranks" not in e and "groupRanks" in e:
+            e["global_ranks"] = e["groupRanks"]
+        if "markers" not in e and "markerStack" in e:
+            e["markers"] = e["markerStack"]
+        required = ["world_size"] + ([] if comms == "barrier" else ["in_msg_size", "out_msg_size", "dtype"])
+        if comms == "all_to_allv":
+            required += ["in_split", "out_split"]
+        for key in required:
+            if key not in e:
+                raise TraceError(f"{where}: missing field '{key}'")
+        W = _int(where, e, "world_size", 1)
+        e.setdefault("global_ranks", list(range(W)))
+        ranks = e["global_ranks"]
+        if not isinstance(ranks, list) or any(not isinstance(r, int) or r < 0 for r in ranks) or len(set(ranks)) != len(ranks):
+            raise TraceError(f"{where}: field 'global_ranks' must be a list of distinct ranks, got {ranks!r}")
+        if len(ranks) != W:
+            raise TraceError(f"{where}: field 'world_size' is {W} but 'global_ranks' lists {len(ranks)} ranks {ranks}")
+        e.setdefault("pg_id", 0)
+        pg = _int(where, e, "pg_id")
+        if groups.setdefault(pg, ranks) != ranks:
+            raise TraceError(f"{where}: field 'global_ranks' {ranks} of process group {pg} differs from {groups[pg]} in an earlier entry")
+        e.setdefault("req", i)
+        e.setdefault("markers", [])
+        if not isinstance(e["markers"], list):
+            raise TraceError(f"{where}: field 'markers' must be a list of names, got {e['markers']!r}")
+        for key in ("startTime_ns", "duration_ns"):
+            e.setdefault(key, None)
+            if e[key] is not None:
+                _int(where, e, key)
+        if comms == "barrier":
+            out.append(e)
+            continue
+        n_in, n_out = _int(where, e, "in_msg_size"), _int(where, e, "out_msg_size")
+        try:
+            torch_dtype(e["dtype"])
+        except ValueError as err:
+            raise TraceError(f"{where}: field 'dtype': {err}") from None
+        gr = e.get("group_rank")
+        if gr is not None and not (isinstance(gr, int) and 0 <= gr < W):
+            raise TraceError(f"{where}: field 'group_rank' must be in 0..{W - 1}, got {gr!r}")
+        has_in = bool(e.get("in_split"))
+        has_out = bool(e.get("out_split"))
+        if comms == "all_to_allv":
+            ins, outs = _int_list(where, e, "in_split", W), _int_list(where, e, "out_split", W)
+            if sum(ins) != n_in:
+                raise TraceError(f"{where}: field 'in_split' sums to {sum(ins)}, 'in_msg_size' is {n_in}")
+            if sum(outs) != n_out:
+                raise TraceError(f"{where}: field 'out_split' sums to {sum(outs)}, 'out_msg_size' is {n_out}")
+        elif comms == "all_gather":
+            outs = _int_list(where, e, "out_split", W) if has_out else [n_in] * W
+            if sum(outs) != n_out:
+                raise TraceError(f"{where}: field 'out_split' sums to {sum(outs)}, 'out_msg_size' is {n_out}")
+            if gr is not None and outs[gr] != n_in:
+                raise TraceError(f"{where}: field 'in_msg_size' is {n_in}, 'out_split'[{gr}] says {outs[gr]}")
+            e["out_split"], e["in_split"] = outs, []
+        elif comms == "reduce_scatter":
+            ins = _int_list(where, e, "in_split", W) if has_in else [n_out] * W
+            if sum(ins) != n_in:
+                raise TraceError(f"{where}: field 'in_split' sums to {sum(ins)}, 'in_msg_size' is {n_in}")
+            if gr is not None and ins[gr] != n_out:
+                raise TraceError(f"{where}: field 'out_msg_size' is {n_out}, 'in_split'[{gr}] says {ins[gr]}")
+            e["in_split"], e["out_split"] = ins, []
+        else:  # all_reduce
+            if n_in != n_out:
+                raise TraceError(f"{where}: 'in_msg_size' {n_in} != 'out_msg_size' {n_out} (an all-reduce is in place)")
+            e["in_split"], e["out_split"] = [], []
+        out.append(e)
+    return out
