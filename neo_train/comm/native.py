@@ -8,6 +8,7 @@ any failure inside a collective is re-raised as ``CollectiveError`` naming the c
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Sequence
 
 import torch
@@ -25,13 +26,25 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> "N
 
     backend: 'nccl' when CUDA is available, else 'gloo', unless given.
     """
-    import os
-
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            # under torchrun the store outlives a restart: without a fresh prefix per attempt a
+            # restarted rank can read a dead peer's address and fail to connect (or hang)
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                is_master=(rank == 0 and not agent_store), timeout=timeout,
+            )
+            store = dist.PrefixStore(f"neo_train/attempt_{attempt}", store)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return NativeCommunicator(timeout_s=timeout_s)
 
 
