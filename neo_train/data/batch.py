@@ -103,12 +103,12 @@ class SparseFeatures:
             raise KeyError(f"features {missing} not in batch (has {list(self.keys)})")
         return SparseFeatures.from_features({k: parts[k] for k in keys}, batch_size=self.batch_size)
 
-    def to(self, device: torch.device | str) -> "SparseFeatures":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "SparseFeatures":
         return SparseFeatures(
             self.keys,
-            self.values.to(device),
-            self.lengths.to(device),
-            None if self.weights is None else self.weights.to(device),
+            self.values.to(device, non_blocking=non_blocking),
+            self.lengths.to(device, non_blocking=non_blocking),
+            None if self.weights is None else self.weights.to(device, non_blocking=non_blocking),
         )
 
     # ---- construction -----------------------------------------------------------------------
@@ -184,8 +184,12 @@ class Batch:
     def batch_size(self) -> int:
         return int(self.labels.numel())
 
-    def to(self, device: torch.device | str) -> "Batch":
-        return Batch(self.dense.to(device), self.sparse.to(device), self.labels.to(device))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(
+            self.dense.to(device, non_blocking=non_blocking),
+            self.sparse.to(device, non_blocking=non_blocking),
+            self.labels.to(device, non_blocking=non_blocking),
+        )
 
     @staticmethod
     def concat(parts: Sequence["Batch"]) -> "Batch":

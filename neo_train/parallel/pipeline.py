@@ -7,7 +7,8 @@
 Step i (main thread):  wait for batch i's distributed input -> hand batch i+1 to the worker ->
 lookup + output dist + dense forward/backward + fused update + dense optimizer for batch i.
 Worker thread:         next(data) -> to(device) -> validation + input dist (split sizes, then
-                       ids/lengths all-to-all) on the input dist's own process group.
+                       ids/lengths all-to-all) on the input dist's own process group; on CUDA
+                       on a side stream the compute stream waits for before using the batch.
 
 The two threads never share a process group (the input dist has one of its own, DDP another),
 so every rank issues each group's collectives in the same order: no mismatch, no deadlock. The
@@ -18,6 +19,7 @@ input dist's *exposed* time (``pipeline_wait`` in the trainer's timer).
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any, Iterator
 
 import torch
@@ -35,14 +37,18 @@ class TrainPipeline:
         self.sharded = hasattr(self.ebc, "input_dist")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-input-dist")
         self._next: Future | None = None
+        dev = torch.device(trainer.device)
+        # on CUDA the worker's copies and input-dist kernels go on a side stream
+        self._stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
 
     def _prepare(self) -> tuple[Batch, Any] | None:
         try:
             batch = next(self.data)
         except StopIteration:
             return None
-        batch = batch.to(self.trainer.device)
-        with torch.no_grad():
+        ctx = torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
+        with ctx, torch.no_grad():
+            batch = batch.to(self.trainer.device, non_blocking=True)
             dist = self.ebc.input_dist(batch.sparse) if self.sharded else None
         return batch, dist
 
@@ -56,6 +62,8 @@ class TrainPipeline:
             raise ValueError(f"training data ran out at step {step}")
         self._next = self._pool.submit(self._prepare)  # batch i+1 goes out while i computes
         batch, dist = ready
+        if self._stream is not None:  # the compute stream waits for the side stream's work
+            torch.cuda.current_stream().wait_stream(self._stream)
         return self.trainer.train_step(batch, step, distributed=dist)
 
     def drain(self) -> None:
