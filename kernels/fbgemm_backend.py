@@ -36,7 +36,7 @@ import torch
 
 from .base import SPARSE_OPTIMIZERS, FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, state_shapes
 from .init import init_table
-from .reference import _check_shape
+from .flat_storage import check_shape as _check_shape
 
 __all__ = ["FbgemmEmbeddingBag"]
 

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F_nn
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
+from .flat_storage import FlatStorageAccessors
+from .flat_storage import check_shape as _check_shape
 from .init import init_table
 
 __all__ = ["ReferenceEmbeddingBag"]
@@ -55,7 +57,7 @@ class _GroupBatch:
     weights: torch.Tensor | None  # (n_g,) float32 or None
 
 
-class ReferenceEmbeddingBag(FusedEmbeddingBag):
+class ReferenceEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
     """Every local table in one flat buffer; vectorised lookup; fused, deterministic sparse update."""
 
     backend_name: ClassVar[str] = "reference"
@@ -251,40 +253,6 @@ class ReferenceEmbeddingBag(FusedEmbeddingBag):
             raise AssertionError(spec.kind)
         W.index_copy_(0, rows, w.to(W.dtype))  # rows are unique: no write order to depend on
 
-    # ---- accessors --------------------------------------------------------------------------
-    def get_table(self, t: int) -> torch.Tensor:
-        return self._table_view(self.weights, t).to(torch.float32, copy=True)
-
-    def set_table(self, t: int, weight: torch.Tensor) -> None:
-        view = self._table_view(self.weights, t)
-        _check_shape(f"table {t}", weight, tuple(view.shape))
-        view.copy_(weight)
-
-    def get_state(self, t: int) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, shape in state_shapes(self.optimizer_spec.kind, 1, 1).items():
-            flat = getattr(self, f"state_{name}")
-            view = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
-            out[name] = view.clone()
-        return out
-
-    def set_state(self, t: int, state: dict[str, torch.Tensor]) -> None:
-        spec = self.tables[t]
-        expected = state_shapes(self.optimizer_spec.kind, spec.rows, spec.dim)
-        if set(state) != set(expected):
-            raise ValueError(f"table {t}: state keys {sorted(state)} != {sorted(expected)}")
-        for name, shape in expected.items():
-            _check_shape(f"table {t} state '{name}'", state[name], shape)
-            flat = getattr(self, f"state_{name}")
-            view = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
-            view.copy_(state[name])
-
-    @property
-    def optimizer_step(self) -> int:
-        return int(self.step)
-
-    def set_optimizer_step(self, step: int) -> None:
-        self.step.fill_(int(step))
 
 
 def _runs(features: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -309,8 +277,3 @@ def _bag_of_id(p: _GroupBatch) -> torch.Tensor:
     """(n_g,) index of the bag (within the group's k_g*B bags) each id belongs to."""
     bags = torch.arange(p.lengths.numel(), device=p.lengths.device)
     return bags.repeat_interleave(p.lengths, output_size=p.rows.numel())
-
-
-def _check_shape(what: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{what}: expected shape {tuple(shape)}, got {tuple(x.shape)}")

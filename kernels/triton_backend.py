@@ -31,7 +31,8 @@ import torch
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
 from .init import init_table
-from .reference import _check_shape
+from .flat_storage import FlatStorageAccessors
+from .flat_storage import check_shape as _check_shape
 
 __all__ = ["TritonEmbeddingBag", "triton_available", "triton_unavailable_reason"]
 
@@ -80,7 +81,7 @@ def _kernels() -> tuple[Any, Any]:
     return load(".triton_forward", __package__), load(".triton_backward", __package__)
 
 
-class TritonEmbeddingBag(FusedEmbeddingBag):
+class TritonEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
     """All local tables in one flat buffer; Triton lookup; Triton backward fused with the optimizer."""
 
     backend_name: ClassVar[str] = "triton"
@@ -219,37 +220,3 @@ class TritonEmbeddingBag(FusedEmbeddingBag):
             sr_seed=(self.sr_seed * 1_000_003 + step) % 2**31 if self.stochastic_rounding else None,
         )  # fmt: skip
 
-    # ---- accessors --------------------------------------------------------------------------
-    def get_table(self, t: int) -> torch.Tensor:
-        return self._table_view(self.weights, t).to(torch.float32, copy=True)
-
-    def set_table(self, t: int, weight: torch.Tensor) -> None:
-        view = self._table_view(self.weights, t)
-        _check_shape(f"table {t}", weight, tuple(view.shape))
-        view.copy_(weight)
-
-    def get_state(self, t: int) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, shape in state_shapes(self.optimizer_spec.kind, 1, 1).items():
-            flat = getattr(self, f"state_{name}")
-            view = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
-            out[name] = view.clone()
-        return out
-
-    def set_state(self, t: int, state: dict[str, torch.Tensor]) -> None:
-        spec = self.tables[t]
-        expected = state_shapes(self.optimizer_spec.kind, spec.rows, spec.dim)
-        if set(state) != set(expected):
-            raise ValueError(f"table {t}: state keys {sorted(state)} != {sorted(expected)}")
-        for name, shape in expected.items():
-            _check_shape(f"table {t} state '{name}'", state[name], shape)
-            flat = getattr(self, f"state_{name}")
-            view = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
-            view.copy_(state[name])
-
-    @property
-    def optimizer_step(self) -> int:
-        return int(self.step)
-
-    def set_optimizer_step(self, step: int) -> None:
-        self.step.fill_(int(step))
