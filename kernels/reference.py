@@ -29,7 +29,6 @@ import torch.nn.functional as F_nn
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
 from .flat_storage import FlatStorageAccessors
-from .flat_storage import check_shape as _check_shape
 from .init import init_table
 
 __all__ = ["ReferenceEmbeddingBag"]

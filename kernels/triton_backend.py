@@ -32,7 +32,6 @@ import torch
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
 from .init import init_table
 from .flat_storage import FlatStorageAccessors
-from .flat_storage import check_shape as _check_shape
 
 __all__ = ["TritonEmbeddingBag", "triton_available", "triton_unavailable_reason"]
 
