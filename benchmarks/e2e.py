@@ -484,12 +484,9 @@ def _tail(text: str, lines: int = 25) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from neo_train.testing import cpu_model
+
+    cpu = cpu_model()
     info: dict[str, Any] = {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),

@@ -207,12 +207,9 @@ def copy_bandwidth_gbs(mbytes: int = 256, repeats: int = 5) -> float:
 
 
 def machine_info() -> dict[str, object]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from neo_train.testing import cpu_model
+
+    cpu = cpu_model()
     info: dict[str, object] = {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),

@@ -20,7 +20,18 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-__all__ = ["run_ranks", "free_port", "RankFailed"]
+__all__ = ["run_ranks", "free_port", "RankFailed", "cpu_model"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo), for benchmark reports."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 class RankFailed(RuntimeError):
