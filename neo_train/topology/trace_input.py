@@ -1,0 +1,200 @@
+"""A recorded communication trace (param's basic comms-trace JSON) as a simulator schedule.
+
+    traces = load_trace("traces/")          # {rank: [entry, ...]}: one JSON list per rank
+    phases = trace_phases(traces, devices_per_host=8, compute={"forward": 0.012, "backward": 0.025})
+    simulate(phases, FatTree(16))
+
+Entries, as param's ``commsTraceReplay`` reads them: ``comms`` (all_to_allv, all_to_all,
+all_reduce, all_gather, reduce_scatter, broadcast, send; wait / barrier / init / recv are
+skipped), ``in_msg_size`` / ``out_msg_size`` (elements), ``in_split`` / ``out_split`` (elements
+per peer, all-to-all-v; empty = even), ``dtype``, ``world_size``, ``pg_id``, ``global_ranks``,
+``startTime_ns``, ``markers`` (the phase; param's marker stack: the last one is used), and for
+point-to-point ``src_rank`` / ``dst_rank``.
+
+Files: a directory of per-rank lists (the rank is the last number in each file name:
+``rank3.json``, ``3.json``, ``trace_rank-3.json``), one JSON list (every rank is assumed to have
+recorded the same entries: param's ``--use-one-trace``), or a JSON object {rank: list}.
+
+Matching: the k-th collective of process group p on every rank is one collective (ranks issue a
+group's collectives in the same order, as NCCL requires); collectives are ordered by their mean
+``startTime_ns`` (else by position). Ranks map to hosts as rank // devices_per_host.
+The schedule is a chain: for each change of phase (marker) a Compute of that phase's seconds,
+then the phase's collectives one after another.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .collectives import all_reduce, ring_all_gather
+from .simulator import Comm, Compute, Phase, Transfer
+
+__all__ = ["load_trace", "trace_phases", "DTYPE_BYTES", "SUPPORTED_COMMS"]
+
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "byte": 1, "char": 1, "int8": 1,
+    "uint8": 1, "bool": 1,
+}  # fmt: skip
+SUPPORTED_COMMS = ("all_to_allv", "all_to_all", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
+_SKIP = ("wait", "barrier", "init", "recv", "irecv")
+_ALIASES = {"alltoallv": "all_to_allv", "alltoall": "all_to_all", "all_to_all_single": "all_to_allv",
+            "allreduce": "all_reduce", "allgather": "all_gather", "all_gather_base": "all_gather",
+            "_allgather_base": "all_gather", "reducescatter": "reduce_scatter", "reduce_scatter_base": "reduce_scatter",
+            "_reduce_scatter_base": "reduce_scatter", "isend": "send"}
+
+
+def load_trace(path: str | Path) -> dict[int, list[dict[str, Any]]]:
+    """{rank: entries} from a directory of per-rank JSON lists, one list, or a {rank: list} object."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"trace {p} does not exist")
+    if p.is_dir():
+        out: dict[int, list] = {}
+        for f in sorted(p.glob("*.json")):
+            nums = re.findall(r"\d+", f.stem)
+            if not nums:
+                continue
+            data = _read(f)
+            if not isinstance(data, list):
+                raise ValueError(f"trace {f}: expected a JSON list of entries")
+            out[int(nums[-1])] = data
+        if not out:
+            raise ValueError(f"trace directory {p} holds no rank*.json files")
+        return out
+    data = _read(p)
+    if isinstance(data, list):
+        return {0: data}
+    if isinstance(data, dict):
+        return {int(k): v for k, v in data.items()}
+    raise ValueError(f"trace {p}: expected a list of entries or an object of per-rank lists")
+
+
+def _read(f: Path) -> Any:
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"trace {f}: not valid JSON: {e}") from None
+
+
+def _comm_name(e: Mapping[str, Any]) -> str:
+    c = str(e.get("comms", "")).lower()
+    return _ALIASES.get(c, c)
+
+
+def _dtype_bytes(e: Mapping[str, Any]) -> int:
+    d = str(e.get("dtype", "float")).lower().replace("torch.", "")
+    if d not in DTYPE_BYTES:
+        raise ValueError(f"trace: unknown dtype {e.get('dtype')!r} (known: {sorted(DTYPE_BYTES)})")
+    return DTYPE_BYTES[d]
+
+
+def _phase(e: Mapping[str, Any]) -> str:
+    m = e.get("markers", e.get("markerStack"))
+    if isinstance(m, list) and m:
+        return str(m[-1])
+    return str(m) if m else "trace"
+
+
+def trace_phases(traces: Mapping[int, list], devices_per_host: int, compute: Mapping[str, float] | None = None, *,
+                 allreduce: str = "ring", default_compute: float = 0.0) -> list[Phase]:
+    """The trace as a chain of Compute and Comm phases (see the module docstring)."""
+    G = devices_per_host
+    world = max((int(e.get("world_size", 0) or 0) for es in traces.values() for e in es), default=0)
+    world = max(world, max(traces) + 1)
+    one_trace = len(traces) == 1 and world > 1
+    # per rank: its collectives, numbered within their process group
+    colls: dict[tuple[Any, int], dict[int, dict]] = {}
+    for rank, entries in traces.items():
+        seen: dict[Any, int] = {}
+        for pos, e in enumerate(entries):
+            name = _comm_name(e)
+            if name in _SKIP or "compute" in e and "comms" not in e:
+                continue
+            if name not in SUPPORTED_COMMS:
+                raise ValueError(f"trace rank {rank} entry {pos}: unsupported collective {e.get('comms')!r} "
+                                 f"(supported: {SUPPORTED_COMMS})")
+            pg = e.get("pg_id", 0) if name != "send" else ("send", rank)  # p2p: one rank's own op
+            k = seen.get(pg, 0)
+            seen[pg] = k + 1
+            colls.setdefault((pg, k), {})[rank] = dict(e, _pos=pos)
+    if not colls:
+        raise ValueError("trace holds no collectives")
+
+    def when(item: tuple[tuple[Any, int], dict[int, dict]]) -> tuple[float, float]:
+        starts = [e["startTime_ns"] for e in item[1].values() if e.get("startTime_ns") is not None]
+        pos = np.mean([e["_pos"] for e in item[1].values()])
+        return (float(np.mean(starts)) if starts else float(pos), float(pos))
+
+    phases: list[Phase] = []
+    last: tuple[str, ...] = ()
+    current = None
+    for n, ((pg, k), by_rank) in enumerate(sorted(colls.items(), key=when)):
+        e0 = by_rank[min(by_rank)]
+        ph = _phase(e0)
+        if ph != current:
+            current = ph
+            sec = (compute or {}).get(ph, default_compute)
+            nm = f"compute:{ph}:{n}"
+            phases.append(Compute(nm, float(sec), last))
+            last = (nm,)
+        comm = _collective(f"{_comm_name(e0)}:{ph}:{n}", by_rank, world, G, one_trace, allreduce, last)
+        phases.append(comm)
+        last = (comm.name,)
+    return phases
+
+
+def _group(e: Mapping[str, Any], world: int) -> list[int]:
+    ranks = e.get("global_ranks") or e.get("groupRanks")
+    if ranks:
+        return [int(r) for r in ranks]
+    return list(range(int(e.get("world_size") or world)))
+
+
+def _collective(name: str, by_rank: Mapping[int, dict], world: int, G: int, one_trace: bool, allreduce: str,
+                after: tuple[str, ...]) -> Comm:
+    e0 = by_rank[min(by_rank)]
+    kind = _comm_name(e0)
+    size = _dtype_bytes(e0)
+    group = _group(e0, world)
+    hosts = sorted({r // G for r in group})
+    H = max(r // G for r in group) + 1
+    if kind in ("all_to_allv", "all_to_all"):
+        M = np.zeros((H, H))
+        for i, r in enumerate(group):
+            e = e0 if one_trace else by_rank.get(r)
+            if e is None:
+                raise ValueError(f"trace: collective {name} has no entry for rank {r} of its group")
+            split = e.get("in_split") or []
+            if not split:
+                split = [int(e.get("in_msg_size", 0)) // len(group)] * len(group)
+            if len(split) != len(group):
+                raise ValueError(f"trace: {name} rank {r}: in_split has {len(split)} entries for a group of "
+                                 f"{len(group)}")
+            for j, cnt in enumerate(split):
+                M[r // G, group[j] // G] += float(cnt) * size
+        i, j = np.nonzero(M)
+        return Comm(name, (Transfer(i, j, M[i, j]),), after, "all_to_all", "direct", float(M.sum()))
+    S = float(e0.get("in_msg_size", 0)) * size
+    if kind == "all_reduce":
+        if len(hosts) == 1:
+            g = len(group)
+            rounds = (Transfer([hosts[0]], [hosts[0]], [2.0 * (g - 1) * S]),) if g > 1 and S > 0 else ()
+            return Comm(name, rounds, after, "all_reduce", "ring", S)
+        per_host = max(1, len(group) // len(hosts))
+        c = all_reduce(allreduce, hosts, S, name=name, after=after, devices_per_host=per_host)
+        return c
+    if kind in ("all_gather", "reduce_scatter"):
+        total = S * len(group) if kind == "all_gather" else S
+        return ring_all_gather(hosts, total, name=name, after=after, collective=kind)
+    if kind == "broadcast":
+        h = np.asarray(hosts)
+        rounds = (Transfer(h[:-1], h[1:], np.full(h.size - 1, S)),) if h.size > 1 and S > 0 else ()
+        return Comm(name, rounds, after, "broadcast", "pipeline", S)
+    # send: point to point
+    src, dst = int(e0.get("src_rank", min(by_rank))), int(e0["dst_rank"])
+    return Comm(name, (Transfer([src // G], [dst // G], [S]),), after, "p2p", "send", S)

@@ -1,0 +1,284 @@
+"""The flow simulator against hand-computed times, aggregated against per-flow simulation, trace
+input, the Model-A workload, and speed."""
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from neo_train.topology.collectives import (
+    all_to_all,
+    dps_all_reduce,
+    hierarchical_all_reduce,
+    ring_all_gather,
+    ring_all_reduce,
+    uniform_matrix,
+)
+from neo_train.topology.fattree import FatTree
+from neo_train.topology.flat import FlatNetwork
+from neo_train.topology.flows import max_min_rates
+from neo_train.topology.network import GBPS
+from neo_train.topology.opera import OperaNetwork
+from neo_train.topology.simulator import Comm, Compute, Transfer, simulate
+
+B = 100 * GBPS
+
+
+def one(name, src, dst, nbytes, after=()):
+    return Comm(name, (Transfer(src, dst, nbytes),), after)
+
+
+# ---- hand-computed cases -------------------------------------------------------------------------
+
+def test_one_flow_on_an_idle_link():
+    r = simulate([one("x", [0], [1], [1e9])], FlatNetwork(2, B, hop_latency=1e-6))
+    assert math.isclose(r.total, 1e9 / B + 2e-6)  # bytes / B + two hops of latency
+    r = simulate([one("x", [0], [4], [1e9])], FatTree(16, B, hop_latency=1e-6))
+    assert math.isclose(r.total, 1e9 / B + 6e-6)  # across pods: six links
+
+
+def test_two_flows_sharing_a_link_get_half_each():
+    net = FlatNetwork(3, B, hop_latency=0.0)
+    r = simulate([one("a", [0], [1], [1e9]), one("b", [0], [2], [0.5e9])], net)
+    # both at B/2 until b is done (0.5e9 / (B/2)), then a alone at B for its last 0.5e9
+    assert math.isclose(r.phase("b").end, 1e9 / B)
+    assert math.isclose(r.phase("a").end, 1.5e9 / B)
+
+
+def test_max_min_textbook_case():
+    # links: 0 (cap 1), 1 (cap 2); flow 0 on link 0, flow 1 on both, flow 2 on link 1
+    rate, res = max_min_rates(3, np.array([0, 1, 1, 2]), np.array([0, 0, 1, 1]), np.ones(4), np.array([1.0, 2.0]))
+    assert np.allclose(rate, [0.5, 0.5, 1.5]) and np.allclose(res, 0)
+    # a bundle of 2 members on one link of capacity 1: each member gets 1/2
+    rate, _ = max_min_rates(1, np.array([0]), np.array([0]), np.array([2.0]), np.array([1.0]))
+    assert np.allclose(rate, [0.5])
+    # a flow on a link of capacity 0 gets nothing, and does not hold the others back
+    rate, _ = max_min_rates(2, np.array([0, 0, 1]), np.array([0, 1, 1]), np.ones(3), np.array([0.0, 4.0]))
+    assert np.allclose(rate, [0.0, 4.0])
+
+
+def test_compute_overlaps_independent_communication():
+    net = FlatNetwork(2, B, hop_latency=0.0)
+    comm = one("c", [0], [1], [0.5 * B])  # 0.5 s
+    r = simulate([Compute("k", 1.0), comm], net)
+    assert math.isclose(r.total, 1.0) and math.isclose(r.phase("c").end, 0.5)
+    r = simulate([Compute("k", 1.0), one("c", [0], [1], [0.5 * B], after=("k",))], net)
+    assert math.isclose(r.total, 1.5)
+    assert math.isclose(r.busy_time("compute"), 1.0)
+
+
+def test_lower_bounds_match_the_formulas():
+    N, S = 16, 1.6e9
+    net = FatTree(N, B, hop_latency=1e-6)
+    bound = 2 * (N - 1) / N * S / B
+    for build in (ring_all_reduce, dps_all_reduce):
+        r = simulate([build(N, S, name="ar")], net)
+        p = r.phase("ar")
+        assert math.isclose(p.lower_bound, bound)
+        assert bound <= p.duration <= bound * 1.01 + 2 * (N - 1) * 6e-6
+    M = uniform_matrix(N, 1e6)
+    M[3, :] *= 2  # host 3 sends twice as much
+    M[3, 3] = 0
+    p = simulate([all_to_all(M, name="a2a")], net).phase("a2a")
+    assert math.isclose(p.lower_bound, 2e6 * (N - 1) / B)  # bytes the busiest host sends / B
+    assert p.duration >= p.lower_bound
+
+
+def test_ring_all_reduce_on_opera_is_bounded_below_and_within_a_factor():
+    net = OperaNetwork(8, 2, 4, host_bandwidth=B, tries=2, bulk_threshold=0)
+    N, S = net.hosts, 64e6
+    p = simulate([ring_all_reduce(N, S, name="ar")], net).phase("ar")
+    bound = 2 * (N - 1) / N * S / B
+    assert math.isclose(p.lower_bound, bound)
+    # each of the 2(N-1) steps may wait for a circuit / the VLB intermediate: at most ~T_c/(u+1) each
+    assert bound <= p.duration <= bound + 2 * (N - 1) * (net.vlb_delay + 5e-6) + 1e-3
+
+
+def test_a_direct_only_opera_flow_waits_for_its_circuit():
+    net = OperaNetwork(8, 1, 4, host_bandwidth=B, hop_latency=0.0, vlb=False, bulk_threshold=0, tries=2)
+    for a in range(8):
+        for c in range(8):
+            start, end = net.up_window(a, c)
+            if a != c and 0 < start < end:  # down at t = 0, up later in the first cycle
+                r = simulate([one("x", [a], [c], [1e3])], net)
+                assert math.isclose(r.total, start + 1e3 / B, rel_tol=1e-9)
+                return
+    pytest.fail("no rack pair whose circuit is down at t = 0")
+
+
+def test_vlb_does_not_wait_for_the_circuit():
+    kw = dict(host_bandwidth=B, hop_latency=0.0, bulk_threshold=0, tries=2)
+    direct, vlb = OperaNetwork(8, 1, 4, vlb=False, **kw), OperaNetwork(8, 1, 4, vlb=True, **kw)
+    a, c = next((a, c) for a in range(8) for c in range(8) if a != c and 0 < direct.up_window(a, c)[0])
+    t_direct = simulate([one("x", [a], [c], [1e6])], direct).total
+    t_vlb = simulate([one("x", [a], [c], [1e6])], vlb).total
+    assert t_vlb < t_direct
+    assert t_vlb >= 1e6 / B  # still NIC-bound
+
+
+# ---- aggregation and fast-forward against the plain simulation -----------------------------------
+
+def _mixed_schedule(N: int, owners: np.ndarray, parts: str = "abcdef") -> list:
+    M = np.zeros((N, N))
+    M[owners, :] = 3e6
+    np.fill_diagonal(M, 1e6)
+    phases = {
+        "a": Compute("k", 2e-4),
+        "b": all_to_all(M, name="a2a"),
+        "c": ring_all_reduce(N, 32e6, name="ring", after=("k",)),
+        "d": dps_all_reduce(N, 32e6, name="dps", after=("a2a",) if "b" in parts else ()),
+        "e": hierarchical_all_reduce(N, 8e6, devices_per_host=4, name="hier", after=("ring",) if "c" in parts else ()),
+        "f": ring_all_gather(N, 8e6, name="ag", after=("k",)),
+    }
+    return [phases[k] for k in parts]
+
+
+OPERA_BULK = OperaNetwork(8, 4, 4, host_bandwidth=B, devices_per_host=4, bulk_threshold=0, tries=2)
+OPERA_LOWLAT = OperaNetwork(8, 4, 4, host_bandwidth=B, devices_per_host=4, bulk_threshold=2.5e6, tries=2)
+OPERA_STATIC = OperaNetwork(4, 4, 4, host_bandwidth=B, devices_per_host=4, bulk_threshold=0)
+
+
+@pytest.mark.parametrize("net,parts", [
+    (FatTree(16, B, devices_per_host=4), "abcdef"),
+    (FlatNetwork(16, B, devices_per_host=4), "abcdef"),
+    (OPERA_BULK, "abd"), (OPERA_BULK, "abce"), (OPERA_LOWLAT, "abd"), (OPERA_STATIC, "abdf"),
+], ids=["fattree", "flat", "opera-a2a-dps", "opera-a2a-rings", "opera-lowlat", "opera-static"])
+def test_aggregated_bundles_match_per_flow_simulation(net, parts):
+    """Exact where the bundles' members are symmetric: static networks, and on Opera collectives
+    whose hosts play alike parts, or are classed apart (a ring's hosts by their place in it)."""
+    N = net.hosts
+    sched = _mixed_schedule(N, np.arange(0, N, 2) if isinstance(net, FatTree) else np.arange(N), parts)
+    agg = simulate(sched, net, aggregate=True, fast_forward=False)
+    flows = simulate(sched, net, aggregate=False, fast_forward=False)
+    assert agg.stats["bundles_max"] < flows.stats["bundles_max"]
+    for p, q in zip(agg.phases, flows.phases):
+        assert math.isclose(p.end, q.end, rel_tol=1e-6), (p.name, p.end, q.end)
+
+
+@pytest.mark.parametrize("net", [OPERA_BULK, OPERA_STATIC], ids=["opera", "opera-static"])
+def test_aggregated_bundles_close_when_different_collectives_overlap(net):
+    """A ring beside an all-to-all leaves a rack's hosts unlike (one sends off-rack): hosts are
+    classed by their part in each collective, not by their neighbours' (a finer split would undo
+    the aggregation), so a bundle's members may differ a little and share the slowest one's rate."""
+    N = net.hosts
+    sched = _mixed_schedule(N, np.arange(N))
+    agg = simulate(sched, net, aggregate=True, fast_forward=False)
+    flows = simulate(sched, net, aggregate=False, fast_forward=False)
+    for p, q in zip(agg.phases, flows.phases):
+        assert math.isclose(p.end, q.end, rel_tol=0.03), (p.name, p.end, q.end)
+
+
+def test_fast_forward_matches_epoch_by_epoch():
+    net = OperaNetwork(16, 2, 4, host_bandwidth=B, bulk_threshold=0, tries=2)
+    N = net.hosts
+    sched = [all_to_all(uniform_matrix(N, 2e6), name="a2a"), dps_all_reduce(N, 200e6, name="ar")]
+    slow = simulate(sched, net, fast_forward=False)
+    fast = simulate(sched, net, fast_forward=True)
+    assert fast.stats["ff_cycles"] > 0 and fast.stats["steps"] < slow.stats["steps"]
+    for p, q in zip(fast.phases, slow.phases):
+        assert math.isclose(p.end, q.end, rel_tol=1e-6)
+
+
+# ---- schedule validation ---------------------------------------------------------------------------
+
+def test_schedule_errors():
+    net = FlatNetwork(2)
+    with pytest.raises(ValueError, match="unknown phase"):
+        simulate([Compute("a", 1, ("zz",))], net)
+    with pytest.raises(ValueError, match="cycle"):
+        simulate([Compute("a", 1, ("b",)), Compute("b", 1, ("a",))], net)
+    with pytest.raises(ValueError, match="duplicate"):
+        simulate([Compute("a", 1), Compute("a", 1)], net)
+    with pytest.raises(ValueError, match="names host 5 but flat has 2 hosts"):
+        simulate([one("x", [0], [5], [1.0])], net)
+    with pytest.raises(ValueError, match=">= 0"):
+        Transfer([0], [1], [-1.0])
+
+
+# ---- trace input -----------------------------------------------------------------------------------
+
+def test_param_trace_runs(tmp_path):
+    # 4 ranks, 2 GPUs per host: an all-to-all-v forward and an all-reduce backward, as param writes them
+    W, G = 4, 2
+    splits = [[0, 100, 200, 300], [100, 0, 200, 300], [100, 200, 0, 300], [100, 200, 300, 0]]
+    for r in range(W):
+        entries = [
+            {"comms": "all_to_allv", "seqnum": 0, "req": 0, "pg_id": 0, "world_size": W, "dtype": "Float",
+             "in_msg_size": sum(splits[r]), "out_msg_size": sum(s[r] for s in splits),
+             "in_split": splits[r], "out_split": [s[r] for s in splits], "startTime_ns": 1000 + r,
+             "markers": ["forward"], "global_ranks": list(range(W))},
+            {"comms": "wait", "req": 0, "startTime_ns": 2000},
+            {"comms": "all_reduce", "seqnum": 1, "req": 1, "pg_id": 0, "world_size": W, "dtype": "Float",
+             "in_msg_size": 1_000_000, "out_msg_size": 1_000_000, "in_split": [], "out_split": [],
+             "startTime_ns": 5000 + r, "markers": ["backward"]},
+        ]
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(entries))
+    from neo_train.topology.trace_input import load_trace, trace_phases
+
+    traces = load_trace(tmp_path)
+    assert sorted(traces) == [0, 1, 2, 3]
+    phases = trace_phases(traces, G, {"forward": 1e-3, "backward": 2e-3})
+    kinds = [getattr(p, "collective", "compute") for p in phases]
+    assert kinds == ["compute", "all_to_all", "compute", "all_reduce"]
+    net = FlatNetwork(2, B, devices_per_host=G, hop_latency=0.0)
+    r = simulate(phases, net)
+    a2a = r.phases[1]
+    cross = sum(splits[i][j] for i in range(W) for j in range(W) if i // G != j // G) * 4
+    assert math.isclose(a2a.network_bytes, cross)
+    assert r.total >= 3e-3 + 2 * 4e6 / 2 / B
+    # the CLI path
+    from neo_train.topology.study import add_simulate_arguments, simulate_command
+
+    p = argparse.ArgumentParser()
+    add_simulate_arguments(p)
+    args = p.parse_args(["--trace", str(tmp_path), "--nodes", "2", "--gpus-per-node", "2", "--network", "flat",
+                         "--compute", "forward=0.001,backward=0.002", "--out", str(tmp_path / "out")])
+    assert simulate_command(args) == 0
+    assert (tmp_path / "out" / "timeline.csv").exists()
+
+
+# ---- the Model-A workload ----------------------------------------------------------------------------
+
+def test_model_a_iteration_and_byte_shares():
+    from neo_train.sharding.cost_model import dense_params
+    from neo_train.topology.study import cluster_for, run_iteration
+    from neo_train.topology.workload import IterationSpec, build_iteration, opera_model_a
+
+    model = opera_model_a()
+    assert dense_params(model) == 702_975_376  # 19 + 19 Linears of 3375, the first top one 83,375 wide
+    cluster = cluster_for("opera_study", 16)
+    it = build_iteration(IterationSpec(model, cluster, allreduce="ring"))
+    dense = sum(it.compute[k] for k in ("bottom_fwd", "top_fwd", "top_bwd", "bottom_bwd"))
+    assert math.isclose(dense, float(it.estimate.phases["dense_compute"].max()))
+    # pooled embeddings: 524,288 samples x 1000 tables x 80 x 4 bytes each way; 15/16 leave the host
+    assert math.isclose(it.network_bytes["all_to_all"], 2 * 524_288 * 1000 * 80 * 4 * 15 / 16)
+    # ring all-reduce of 4 * P bytes: 2 (N-1) S over all hosts
+    assert math.isclose(it.network_bytes["all_reduce"], 2 * 15 * 4 * 702_975_376, rel_tol=1e-9)
+    res, row = run_iteration(model, cluster, "fattree", "ring")
+    assert row["iteration_s"] == res.total > 0
+    assert 0 < row["allreduce_share"] < 0.5  # at 16 nodes the all-to-all dominates
+
+
+def test_model_a_at_128_nodes_is_fast():
+    from neo_train.topology.study import cluster_for, model_for, run_iteration
+
+    model, cluster = model_for("opera_model_a"), cluster_for("opera_study", 128)
+    t = time.perf_counter()
+    _, ft = run_iteration(model, cluster, "fattree", "ring")
+    _, op = run_iteration(model, cluster, "opera", "dps")
+    assert time.perf_counter() - t < 15
+    assert op["allreduce_share"] > 0.5  # at 128 nodes the all-reduce dominates the bytes
+    assert ft["iteration_s"] > 0 and op["iteration_s"] > 0
+
+
+@pytest.mark.slow
+def test_model_a_at_1024_nodes_under_a_minute():
+    from neo_train.topology.study import cluster_for, model_for, run_iteration
+
+    model, cluster = model_for("opera_model_a"), cluster_for("opera_study", 1024)
+    t = time.perf_counter()
+    _, row = run_iteration(model, cluster, "opera", "dps")
+    assert time.perf_counter() - t < 60
+    assert row["allreduce_share"] > 0.9
