@@ -10,6 +10,7 @@
     neo-train plan --preset model_a --nodes 16 --gpus-per-node 8 --topology zionex
     neo-train train --nproc 4 --collective-rules "all_to_all_v:opera" --trace-dir traces
     neo-train replay traces --rules "all_to_all_v:pairwise"
+    neo-train simulate --nodes 128 --network opera --allreduce dps
     neo-train info                          # versions and kernel backends
 """
 from __future__ import annotations
@@ -71,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .sharding.plan_cli import add_plan_arguments
 
     add_plan_arguments(sub.add_parser("plan", help="plan a model's sharding for a cluster (cost model + placement)"))
+    from .topology.study import add_simulate_arguments
+
+    add_simulate_arguments(sub.add_parser(
+        "simulate", help="simulate a training iteration (or a recorded trace) on fat-tree / Opera / flat networks"))
     from .comm.replay import add_replay_arguments
 
     add_replay_arguments(sub.add_parser("replay", help="replay recorded collective traces on real ranks, any algorithm"))
@@ -297,9 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .comm.replay import replay_command
     from .sharding.plan_cli import plan_command
+    from .topology.study import simulate_command
 
     handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,
-                "replay": replay_command}
+                "replay": replay_command, "simulate": simulate_command}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

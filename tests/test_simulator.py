@@ -282,3 +282,63 @@ def test_model_a_at_1024_nodes_under_a_minute():
     _, row = run_iteration(model, cluster, "opera", "dps")
     assert time.perf_counter() - t < 60
     assert row["allreduce_share"] > 0.9
+
+
+def _traced_step(comm, out):
+    import torch
+
+    from neo_train.comm.trace import TracingCommunicator
+
+    tc = TracingCommunicator(comm)
+    W = tc.world_size
+    tc.all_to_all_v(torch.ones(W * 1000), [1000] * W, [1000] * W, tag="fwd")
+    tc.all_reduce(torch.ones(5000), tag="bwd")
+    tc.dump(out)
+    return 0
+
+
+def test_trace_recorded_by_neo_train_comm_trace(tmp_path):
+    """The tracer's files (trace_rank{r}.json) simulate as they are."""
+    pytest.importorskip("neo_train.comm.trace")
+    from neo_train.testing import run_ranks
+    from neo_train.topology.trace_input import load_trace, trace_phases
+
+    run_ranks(_traced_step, 4, str(tmp_path), local_world_size=2)
+    phases = trace_phases(load_trace(tmp_path), 2, {"fwd": 1e-3})
+    r = simulate(phases, FlatNetwork(2, B, devices_per_host=2, hop_latency=0.0))
+    a2a, ar = r.phases[1], r.phases[3]
+    assert (a2a.kind, ar.kind) == ("all_to_all", "all_reduce")
+    assert math.isclose(a2a.network_bytes, 2 * 2 * 2 * 1000 * 4)  # 2 ranks x 2 peers off-host x 2 hosts
+    assert math.isclose(ar.network_bytes, 2 * 5000 * 4)  # ring over 2 hosts: 2 (N-1) S
+
+
+def test_simulate_command_writes_timeline(tmp_path, capsys):
+    from neo_train.topology.study import add_simulate_arguments, simulate_command
+
+    p = argparse.ArgumentParser()
+    add_simulate_arguments(p)
+    args = p.parse_args(["--nodes", "16", "--network", "opera", "--allreduce", "dps", "--tables", "100",
+                         "--out", str(tmp_path)])
+    assert simulate_command(args) == 0
+    text = capsys.readouterr().out
+    assert "bound ms" in text and "all-reduce" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["network"] == "opera" and summary["allreduce"] == "dps" and summary["tables"] == 100
+    assert summary["fwd_a2a_s"] >= summary["fwd_a2a_bound_s"] > 0
+
+
+@pytest.mark.slow
+def test_opera_study_quick(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "opera_study.py"
+    spec = importlib.util.spec_from_file_location("opera_study", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = time.perf_counter()
+    assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert time.perf_counter() - t < 60
+    for f in ("strong_scaling.csv", "table_sweep.csv", "byte_shares.csv", "summary.md", "strong_scaling.png",
+              "byte_shares.png", "table_sweep.png"):
+        assert (tmp_path / f).exists(), f

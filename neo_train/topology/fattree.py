@@ -75,6 +75,7 @@ class FatTree(Network):
         # each edge (half per edge), core port (j1, j2) of each pod (half^2 per pod)
         self.per_edge = 1 if routing == "spray" else half
         self.per_pod = 1 if routing == "spray" else half * half
+        self.class_split = routing == "spray"
 
     def net_capacity(self) -> np.ndarray:
         half, B, o = self.half, self.host_bandwidth, self.oversubscription
@@ -89,7 +90,8 @@ class FatTree(Network):
 
     def _path(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(aggregation switch j1, core port j2) each flow hashes to (ecmp)."""
-        h = _mix(src.astype(np.uint64) * np.uint64(self.hosts) + dst.astype(np.uint64) + np.uint64(self.seed) * np.uint64(1 << 40))
+        key = src.astype(np.uint64) * np.uint64(self.hosts) + dst.astype(np.uint64)
+        h = _mix(key + np.uint64(self.seed) * np.uint64(1 << 40))
         half = np.uint64(self.half)
         return (h % half).astype(np.int64), ((h // half) % half).astype(np.int64)
 

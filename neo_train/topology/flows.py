@@ -22,7 +22,8 @@ import numpy as np
 from .network import Network
 from .opera import OperaNetwork
 
-__all__ = ["max_min_rates", "Bundles", "prepare", "host_classes", "KIND_INTRA", "KIND_PLAIN", "KIND_BULK", "KIND_LOWLAT"]
+__all__ = ["max_min_rates", "Bundles", "prepare", "host_classes", "CLASS_SPLIT_LIMIT",
+           "KIND_INTRA", "KIND_PLAIN", "KIND_BULK", "KIND_LOWLAT"]
 
 KIND_INTRA, KIND_PLAIN, KIND_BULK, KIND_LOWLAT = 0, 1, 2, 3
 Entries = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -155,8 +156,9 @@ def host_classes(transfers: Sequence, net: Network) -> np.ndarray:
                 continue
             seen.add(id(tr))
             t = np.uint64(len(seen))
-            h = tr.nbytes.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + \
-                net.hops(tr.src, tr.dst).astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F) + t * np.uint64(0x165667B19E3779F9)
+            h = (tr.nbytes.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                 + net.hops(tr.src, tr.dst).astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+                 + t * np.uint64(0x165667B19E3779F9))
             for direction, ends in ((1, tr.src), (2, tr.dst)):
                 x = h + np.uint64(direction) * np.uint64(0xD6E8FEB86659FD93)
                 x ^= x >> np.uint64(29)

@@ -57,6 +57,9 @@ class Network:
     intra_bandwidth: float
     rack_of: np.ndarray
     time_varying: bool = False
+    class_split: bool = True
+    """Whether the simulator splits bundles by host class (``flows.host_classes``). Off where flows
+    of one bundle differ anyway (per-flow ECMP paths), so splitting would only cost time."""
 
     # ---- link space -------------------------------------------------------------------------
     @property

@@ -13,9 +13,9 @@ Structure (shared/notes/network-model.md):
 - Rotor b owns N_r/u matchings. It holds each for u-1 superslices and reconfigures in the next,
   rotors offset by one so exactly one reconfigures per superslice; a cycle is N_r superslices and
   gives every rack pair one direct circuit. The assignment of matchings to rotors is the best of
-  ``tries`` random ones:
-  smallest worst-case, then mean, hop count of the per-superslice expander (the u-1 rotors not
-  reconfiguring).
+  ``tries`` random ones: smallest worst-case, then mean, hop count of the per-superslice expander
+  (the u-1 rotors not reconfiguring). Found here: h_max 7 at 32 racks (u = 4: a degree-3
+  expander), 4 at 128 racks (u = 8).
 - Superslice S = eps + delta + r with r the reconfiguration delay, delta = t_L + t_pkt,
   eps = (h_max - 1)(t_L + q t_pkt) + (q - 1) t_pkt (``superslice_timing``).
 - When N_r == u every rotor owns one matching and never reconfigures: a static full mesh.
@@ -32,8 +32,9 @@ the reconfiguring rotor down, the rest with all up; a circuit's window per cycle
 - low-latency flows (bytes < ``bulk_threshold``) take the shortest path in the current
   superslice's expander, paying one circuit hop per rack-to-rack link (the bandwidth tax).
 Links: one circuit per ordered rack pair (capacity B while up, else 0), plus per rack an uplink
-pool U_a and a downlink pool D_a (B times the rack's non-self circuits up), which direct and
-multi-hop flows also load so that VLB only sees what they leave.
+pool U_a and a downlink pool D_a (B times the rack's non-self circuits up). Direct and multi-hop
+flows load the pools too (the simulator derives them from the circuits' residuals when no
+multi-hop flow is live), so VLB sees only what they leave.
 """
 from __future__ import annotations
 

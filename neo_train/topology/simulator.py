@@ -204,13 +204,15 @@ class SimResult:
         return out
 
     def report(self) -> str:
+        """The timeline, each collective's bandwidth lower bound beside its simulated time."""
+        w = max([14] + [len(p.name) for p in self.phases])
         head = f"{self.network}: iteration {self.total * 1e3:.3f} ms (simulated in {self.wall_seconds:.2f} s)"
-        lines = [head, f"{'phase':<14} {'kind':<11} {'algo':<11} {'start ms':>9} {'end ms':>9} {'took ms':>9} "
+        lines = [head, f"{'phase':<{w}} {'kind':<14} {'algo':<9} {'start ms':>9} {'end ms':>9} {'took ms':>9} "
                        f"{'bound ms':>9} {'x bound':>7} {'net GB':>8}"]
         for p in self.phases:
             ratio = f"{p.duration / p.lower_bound:7.2f}" if p.lower_bound > 0 else f"{'':>7}"
             bound = f"{p.lower_bound * 1e3:9.3f}" if p.kind != "compute" else f"{'':>9}"
-            lines.append(f"{p.name:<14} {p.kind:<11} {p.algorithm:<11} {p.start * 1e3:9.3f} {p.end * 1e3:9.3f} "
+            lines.append(f"{p.name:<{w}} {p.kind:<14} {p.algorithm:<9} {p.start * 1e3:9.3f} {p.end * 1e3:9.3f} "
                          f"{p.duration * 1e3:9.3f} {bound} {ratio} {p.network_bytes / 1e9:8.3f}")
         return "\n".join(lines)
 
@@ -243,7 +245,7 @@ class _Engine:
         self.below = self.net0 if self.opera is not None else self.L  # dedupable links
         self.prepared: dict[int, Bundles] = {}
         self.classes = host_classes([t for p in self.phases if isinstance(p, Comm) for t in p.rounds], net) \
-            if aggregate else None
+            if aggregate and net.class_split else None
         self.rounds: list[_Round] = []
         self.parked: dict[int, _Round] = {}
         self.events: list[tuple[float, int, str, int]] = []
@@ -252,7 +254,6 @@ class _Engine:
         self.alloc: dict = {}
         self.sig_cache: OrderedDict = OrderedDict()
         self.ff_mark: tuple | None = None  # (version, t, rem) at the start of a measured cycle
-        self.new_rounds = 0
         self.pending_epoch = None  # epoch whose finished bundles are dropped at its end (Opera)
         self.stats = {"allocations": 0, "steps": 0, "ff_cycles": 0, "bundles_max": 0}
         self.index = {p.name: i for i, p in enumerate(self.phases)}
@@ -260,27 +261,32 @@ class _Engine:
                                    "" if isinstance(p, Compute) else p.algorithm, math.nan, math.nan,
                                    0 if isinstance(p, Compute) else len(p.rounds)) for p in self.phases]
         self.done = [False] * len(self.phases)
-        self.started = [False] * len(self.phases)
+        self.waiting = [len(set(p.after)) for p in self.phases]  # unfinished dependencies
+        self.children: list[list[int]] = [[] for _ in self.phases]
+        for i, p in enumerate(self.phases):
+            for d in set(p.after):
+                self.children[self.index[d]].append(i)
 
     # ---- the DAG ----------------------------------------------------------------------------
     def push(self, t: float, what: str, arg: int) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, what, arg))
 
-    def start_ready(self, t: float) -> None:
-        for i, p in enumerate(self.phases):
-            if not self.started[i] and all(self.done[self.index[d]] for d in p.after):
-                self.started[i] = True
-                self.timing[i].start = t
-                if isinstance(p, Compute):
-                    self.push(t + p.seconds, "compute", i)
-                else:
-                    self.start_round(i, 0, t)
+    def start(self, i: int, t: float) -> None:
+        p = self.phases[i]
+        self.timing[i].start = t
+        if isinstance(p, Compute):
+            self.push(t + p.seconds, "compute", i)
+        else:
+            self.start_round(i, 0, t)
 
     def finish_phase(self, i: int, t: float) -> None:
         self.done[i] = True
         self.timing[i].end = t
-        self.start_ready(t)
+        for j in self.children[i]:
+            self.waiting[j] -= 1
+            if self.waiting[j] == 0:
+                self.start(j, t)
 
     def start_round(self, i: int, k: int, t: float) -> None:
         p = self.phases[i]
@@ -299,7 +305,6 @@ class _Engine:
             return
         self.rounds.append(r)
         self.version += 1
-        self.new_rounds += 1
 
     def park(self, r: _Round) -> None:
         """The round's bytes are all sent: the next starts when its last byte arrives."""
@@ -431,7 +436,9 @@ class _Engine:
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> float:
         t = 0.0
-        self.start_ready(t)
+        for i, w in enumerate(self.waiting):
+            if w == 0:
+                self.start(i, t)
         op = self.opera
         while True:
             self.build()
@@ -572,7 +579,8 @@ def simulate(phases: Sequence[Phase], network: Network, *, aggregate: bool = Tru
     for p in phases:
         for tr in p.rounds if isinstance(p, Comm) else ():
             if id(tr) not in seen and tr.max_host >= network.hosts:
-                raise ValueError(f"phase '{p.name}' names host {tr.max_host} but {network.name} has {network.hosts} hosts")
+                raise ValueError(f"phase '{p.name}' names host {tr.max_host} but {network.name} has "
+                                 f"{network.hosts} hosts")
             seen.add(id(tr))
     t0 = time.perf_counter()
     eng = _Engine(phases, network, aggregate, fast_forward)

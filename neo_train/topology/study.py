@@ -94,11 +94,13 @@ def model_for(name: str, tables: int | None = None):
 def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, global_batch: int = 524_288,
                   bulk_threshold: float = 0.0, vlb: bool = True, a2a: str = "direct", input_dist: bool = False,
                   placement: str = "planner", aggregate: bool = True, fast_forward: bool = True,
-                  seed: int = 0, routing: str = "spray") -> tuple[SimResult, dict[str, Any]]:
+                  seed: int = 0, routing: str = "spray", table_wise_only: bool = True
+                  ) -> tuple[SimResult, dict[str, Any]]:
     """Simulate one iteration; returns the result and a flat summary row (seconds, bytes)."""
     if allreduce == "auto":
         allreduce = "dps" if network == "opera" else "ring"
-    it = build_iteration(IterationSpec(model, cluster, global_batch, allreduce, a2a, input_dist, placement))
+    it = build_iteration(IterationSpec(model, cluster, global_batch, allreduce, a2a, input_dist, placement,
+                                       table_wise_only))
     net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=routing)
     res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward)
     a2a_b, ar_b = it.network_bytes.get("all_to_all", 0.0), it.network_bytes.get("all_reduce", 0.0)
@@ -145,7 +147,9 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", choices=ROUTINGS, default="spray",
                    help="fat-tree: spray (per-packet, ideal) or ecmp (one hashed path per flow, as TCP)")
     p.add_argument("--input-dist", action="store_true", help="also exchange ids/lengths (off in the study)")
-    p.add_argument("--placement", choices=PLACEMENTS, default="planner", help="table-wise placement")
+    p.add_argument("--placement", choices=PLACEMENTS, default="planner", help="how tables are placed")
+    p.add_argument("--any-sharding", action="store_true",
+                   help="let the planner use every sharding type (default: whole tables only, as the study)")
     p.add_argument("--trace", type=Path, help="simulate a recorded param comms trace (dir or JSON) instead")
     p.add_argument("--compute", default="", help="with --trace: seconds per phase marker, e.g. fwd=0.01,bwd=0.02")
     p.add_argument("--exact", action="store_true", help="every flow alone, no fast-forward (slow; a check)")
@@ -172,14 +176,15 @@ def simulate_command(args: argparse.Namespace) -> int:
     thr = args.bulk_threshold_mb * 1e6
     t0 = time.perf_counter()
     if args.trace:
-        from .trace_input import load_trace, trace_phases
+        from .trace_input import load_trace, trace_phases, trace_world_size
 
         ar = "ring" if args.allreduce == "auto" and args.network != "opera" else (
             "dps" if args.allreduce == "auto" else args.allreduce)
         net = make_network(args.network, cluster, bulk_threshold=thr, vlb=not args.no_vlb, seed=args.seed,
                            routing=args.routing)
-        phases = trace_phases(load_trace(args.trace), cluster.devices_per_node, _parse_compute(args.compute),
-                              allreduce=ar)
+        traces = load_trace(args.trace)
+        net.hosts_for(trace_world_size(traces))  # a clear error when the trace needs more hosts
+        phases = trace_phases(traces, cluster.devices_per_node, _parse_compute(args.compute), allreduce=ar)
         res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact)
         row: dict[str, Any] = {"trace": str(args.trace), "nodes": cluster.nodes, "network": args.network,
                                "allreduce": ar, "iteration_s": res.total, **res.totals()}
@@ -188,7 +193,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         res, row = run_iteration(model, cluster, args.network, args.allreduce, global_batch=args.global_batch,
                                  bulk_threshold=thr, vlb=not args.no_vlb, a2a=args.a2a, input_dist=args.input_dist,
                                  placement=args.placement, aggregate=not args.exact, fast_forward=not args.exact,
-                                 seed=args.seed, routing=args.routing)
+                                 seed=args.seed, routing=args.routing, table_wise_only=not args.any_sharding)
     print(f"cluster: {cluster.describe()}")
     print(res.report())
     a2a_b = sum(p.network_bytes for p in res.phases if p.kind == "all_to_all")
@@ -203,7 +208,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         with open(args.out / "timeline.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["phase", "kind", "algorithm", "start_s", "end_s", "duration_s", "lower_bound_s", "network_bytes"])
+            w.writerow(["phase", "kind", "algorithm", "start_s", "end_s", "duration_s", "lower_bound_s",
+                        "network_bytes"])
             for p in res.phases:
                 w.writerow([p.name, p.kind, p.algorithm, p.start, p.end, p.duration, p.lower_bound, p.network_bytes])
         (args.out / "summary.json").write_text(json.dumps({**row, "network_description": res.network}, indent=2))

@@ -12,14 +12,18 @@ per peer, all-to-all-v; empty = even), ``dtype``, ``world_size``, ``pg_id``, ``g
 point-to-point ``src_rank`` / ``dst_rank``.
 
 Files: a directory of per-rank lists (the rank is the last number in each file name:
-``rank3.json``, ``3.json``, ``trace_rank-3.json``), one JSON list (every rank is assumed to have
-recorded the same entries: param's ``--use-one-trace``), or a JSON object {rank: list}.
+``rank3.json``, ``3.json``, ``trace_rank3.json`` as ``neo_train.comm.trace`` writes them), one JSON
+list (every rank is assumed to have recorded the same entries: param's ``--use-one-trace``), or a
+JSON object {rank: list}. Uneven all-gathers / reduce-scatters may carry their per-rank sizes in
+``out_split`` / ``in_split``.
 
-Matching: the k-th collective of process group p on every rank is one collective (ranks issue a
-group's collectives in the same order, as NCCL requires); collectives are ordered by their mean
-``startTime_ns`` (else by position). Ranks map to hosts as rank // devices_per_host.
-The schedule is a chain: for each change of phase (marker) a Compute of that phase's seconds,
-then the phase's collectives one after another.
+Matching: the k-th collective of a process group (its ``pg_id`` and ``global_ranks``) on every rank
+is one collective (ranks issue a group's collectives in the same order, as NCCL requires);
+collectives are ordered by their mean ``startTime_ns`` (else by position). Ranks map to hosts as
+rank // devices_per_host. The schedule is a chain: for each change of phase (marker) a Compute of
+that phase's seconds, then the phase's collectives one after another. An all-reduce among ranks
+of several hosts runs as ``allreduce`` (ring / dps / hier_*) among those hosts; inside one host, as
+a ring over its internal fabric.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import numpy as np
 from .collectives import all_reduce, ring_all_gather
 from .simulator import Comm, Compute, Phase, Transfer
 
-__all__ = ["load_trace", "trace_phases", "DTYPE_BYTES", "SUPPORTED_COMMS"]
+__all__ = ["load_trace", "trace_phases", "trace_world_size", "DTYPE_BYTES", "SUPPORTED_COMMS"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -104,8 +108,7 @@ def trace_phases(traces: Mapping[int, list], devices_per_host: int, compute: Map
                  allreduce: str = "ring", default_compute: float = 0.0) -> list[Phase]:
     """The trace as a chain of Compute and Comm phases (see the module docstring)."""
     G = devices_per_host
-    world = max((int(e.get("world_size", 0) or 0) for es in traces.values() for e in es), default=0)
-    world = max(world, max(traces) + 1)
+    world = trace_world_size(traces)
     one_trace = len(traces) == 1 and world > 1
     # per rank: its collectives, numbered within their process group
     colls: dict[tuple[Any, int], dict[int, dict]] = {}
@@ -118,7 +121,8 @@ def trace_phases(traces: Mapping[int, list], devices_per_host: int, compute: Map
             if name not in SUPPORTED_COMMS:
                 raise ValueError(f"trace rank {rank} entry {pos}: unsupported collective {e.get('comms')!r} "
                                  f"(supported: {SUPPORTED_COMMS})")
-            pg = e.get("pg_id", 0) if name != "send" else ("send", rank)  # p2p: one rank's own op
+            # a process group is its id and its ranks; a send is its own rank's op
+            pg = (e.get("pg_id", 0), tuple(e.get("global_ranks") or ())) if name != "send" else ("send", rank)
             k = seen.get(pg, 0)
             seen[pg] = k + 1
             colls.setdefault((pg, k), {})[rank] = dict(e, _pos=pos)
@@ -146,6 +150,13 @@ def trace_phases(traces: Mapping[int, list], devices_per_host: int, compute: Map
         phases.append(comm)
         last = (comm.name,)
     return phases
+
+
+def trace_world_size(traces: Mapping[int, list]) -> int:
+    """Ranks the trace spans: the largest world_size or global rank it names."""
+    world = max((int(e.get("world_size", 0) or 0) for es in traces.values() for e in es), default=0)
+    ranks = [int(r) for es in traces.values() for e in es for r in (e.get("global_ranks") or ())]
+    return max([world, max(traces) + 1] + [r + 1 for r in ranks])
 
 
 def _group(e: Mapping[str, Any], world: int) -> list[int]:
@@ -189,7 +200,11 @@ def _collective(name: str, by_rank: Mapping[int, dict], world: int, G: int, one_
         c = all_reduce(allreduce, hosts, S, name=name, after=after, devices_per_host=per_host)
         return c
     if kind in ("all_gather", "reduce_scatter"):
-        total = S * len(group) if kind == "all_gather" else S
+        uneven = e0.get("out_split" if kind == "all_gather" else "in_split") or []
+        if uneven:  # per-rank sizes of an uneven collective (neo_train.comm.trace writes them)
+            total = float(sum(uneven)) * size
+        else:
+            total = S * len(group) if kind == "all_gather" else S
         return ring_all_gather(hosts, total, name=name, after=after, collective=kind)
     if kind == "broadcast":
         h = np.asarray(hosts)

@@ -23,7 +23,10 @@ With the opera_study cluster (A100: 156 TFLOP/s TF32 peak, 1,555 GB/s HBM) Model
 Communication (bytes on the wire, fp32 = 4 bytes per element unless ``wire_bytes`` says otherwise):
     fwd_a2a     pooled embeddings: the owner of a (column shard of a) table sends b * D_s * 4 to
                 every other GPU: per host pair G * b * sum(D_s of the source host's shards),
-                (G-1) * b * ... inside the owner's host. Row-wise tables: a uniform reduce-scatter.
+                (G-1) * b * ... inside the owner's host. Row-wise tables: a reduce-scatter done
+                as a uniform all-to-all (G^2 * b * D * 4 per host pair); table-row-wise: as
+                table-wise on its node (the intra-node reduce-scatter is not priced);
+                data-parallel tables: no all-to-all, their R * (D + 1) * 4 gradient joins ar_top.
     bwd_a2a     their gradients back: the transpose
     input_a2a   (``input_dist``) ids and lengths to the owners: G * b * (4 + L * 8) per feature.
                 Off by default: the ISI study's FlexFlow model reads each table's ids on the
@@ -82,8 +85,12 @@ class IterationSpec:
     """direct (every flow at once) | pairwise (N-1 rounds)."""
     input_dist: bool = False
     placement: str = "planner"
-    """planner: ``plan_sharding`` with table-wise only (the study's table-wise parallelism, balanced by
-    the cost model); round_robin: table i on node i mod N (``node_round_robin_plan``)."""
+    """planner: ``plan_sharding`` (balanced by the cost model); round_robin: table i whole on node
+    i mod N (``node_round_robin_plan``)."""
+    table_wise_only: bool = True
+    """The planner may only place whole tables (the study's table-wise parallelism); False lets it
+    use every sharding type (row-, column-wise, data-parallel ...) for models whose tables do not
+    fit one GPU."""
     wire_bytes: int = 4
 
     def __post_init__(self) -> None:
@@ -118,7 +125,7 @@ def node_round_robin_plan(model: ModelConfig, nodes: int, gpus: int) -> Sharding
 
 
 def _plan(spec: IterationSpec, b: int) -> tuple[ShardingPlan, CostEstimate, list[str]]:
-    key = (id(spec.model), spec.cluster, b, spec.placement)
+    key = (id(spec.model), spec.cluster, b, spec.placement, spec.table_wise_only)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is spec.model:
         return hit[1]
@@ -142,7 +149,8 @@ def _make_plan(spec: IterationSpec, b: int) -> tuple[ShardingPlan, CostEstimate,
     else:
         from ..sharding.planner import PlannerOptions, plan_sharding
 
-        opts = PlannerOptions(batch_size=b, allowed=(ShardingType.TABLE_WISE,))
+        opts = PlannerOptions(batch_size=b, allowed=(ShardingType.TABLE_WISE,)) if spec.table_wise_only \
+            else PlannerOptions(batch_size=b)
         res = plan_sharding(spec.model, c, opts, strict=False, check_fix=False)
         plan, est = res.plan, res.estimate
     if not est.fits:
