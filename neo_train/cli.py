@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--comm-dtype-fwd", choices=COMM_DTYPES, help="wire format of pooled embeddings")
     t.add_argument("--comm-dtype-bwd", choices=COMM_DTYPES, help="wire format of their gradients")
     t.add_argument("--timeout", type=float, help="collective timeout, seconds")
-    t.add_argument("--no-pipeline", action="store_true", help="no background prefetch / input dist (plain loop)")
+    t.add_argument("--no-pipeline", action="store_true", help="plain loop: no loader thread, no early input dist")
+    t.add_argument("--check-inputs", action=argparse.BooleanOptionalAction, default=None,
+                   help="check bag lengths, id ranges and labels of every batch on the host (default: on; cost shown as check_inputs)")
     t.add_argument("--checkpoint-dir", help="checkpoint root (shared by all ranks); resumes from its newest checkpoint")
     t.add_argument("--checkpoint-every", type=int, help="save every S steps (and at the end)")
     t.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints under --checkpoint-dir")
@@ -98,6 +100,7 @@ def config_from_args(args: argparse.Namespace):
             "eval_every": args.eval_every,
             "eval_batches": args.eval_batches,
             "pipeline": False if args.no_pipeline else None,
+            "check_inputs": args.check_inputs,
             "checkpoint_dir": args.checkpoint_dir,
             "checkpoint_every": args.checkpoint_every,
             "resume": False if args.no_resume else None,

@@ -179,7 +179,13 @@ class TrainConfig(_Replace):
     kernel_backend: str = "auto"
     """Embedding kernel backend: 'auto', 'reference', 'fbgemm' or 'triton'."""
     pipeline: bool = True
-    """Prefetch the next batch and run its input dist in the background (same results)."""
+    """Pipeline the steps: batches load on a thread, and the next batch's input dist is started
+    (by the training thread) right after this batch's forward, so its ids travel during this
+    batch's backward. Same results as the plain loop."""
+    check_inputs: bool = True
+    """Check every batch's bag lengths, id ranges and labels on the host before the device copy
+    (errors name the feature and rank; no device sync). Its cost is reported as check_inputs in
+    the step breakdown. Off: an out-of-range id is undefined behaviour in the kernels."""
     checkpoint_dir: str = ""
     """Root directory of checkpoints (shared by every rank); empty: no checkpoints."""
     checkpoint_every: int = 0

@@ -1,7 +1,9 @@
-"""The pipelined loop (next batch's input dist in the background) equals the plain loop."""
+"""The pipelined loop (one thread; batch i+1's input dist in flight during batch i's backward)
+equals the plain loop, and really overlaps."""
 import pytest
 import torch
 
+from neo_train.comm import TracingCommunicator
 from neo_train.config import preset
 from neo_train.sharding import ShardingPlan
 from neo_train.testing import run_ranks
@@ -10,33 +12,90 @@ from neo_train.train import Trainer
 
 def _cfg(pipeline: bool, **kw):
     cfg = preset("tiny")
-    return cfg.replace(train=cfg.train.replace(steps=7, kernel_backend="reference", pipeline=pipeline,
-                                               log_every=3, eval_every=4, **kw))
+    kw = {"steps": 7, "kernel_backend": "reference", "log_every": 3, "eval_every": 4, **kw}
+    return cfg.replace(train=cfg.train.replace(pipeline=pipeline, **kw))
 
 
-def _run(comm, pipeline, sharding):
+def _run(comm, pipeline, overrides):
     cfg = _cfg(pipeline)
-    plan = ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size).with_overrides(
-        cfg.model, {"t0": sharding, "t2": "data_parallel"}
-    )
+    plan = ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size).with_overrides(cfg.model, overrides)
     t = Trainer(cfg, comm=comm, plan=plan, progress=False)
     r = t.run()
     return r.losses, r.eval_history, t.gather_state_dict()["tables"], r.step_ms
 
 
-@pytest.mark.parametrize("sharding", ["row_wise", "table_row_wise"])
-def test_pipelined_equals_plain_on_three_ranks(sharding):
-    plain = run_ranks(_run, 3, False, sharding)
-    piped = run_ranks(_run, 3, True, sharding)
+def _assert_same(plain, piped):
     assert plain[0][0] == piped[0][0] and len(plain[0][0]) == 7  # identical per-step losses
-    assert plain[0][1] == piped[0][1]  # and evaluations (one mid-run, with a prefetch in flight)
+    assert plain[0][1] == piped[0][1]  # and evaluations (one mid-run, with an input dist in flight)
     for name, e in plain[0][2].items():
         for k, v in e.items():
             assert torch.equal(v, piped[0][2][name][k]), f"{name}.{k}"
+
+
+@pytest.mark.parametrize("world_size,overrides", [
+    # every sharding type: TW (the rest), RW, CW, DP; TWRW and TWCW at 3 ranks
+    (2, {"t0": "row_wise", "t1": "column_wise", "t2": "data_parallel"}),
+    (3, {"t0": "row_wise", "t2": "data_parallel"}),
+    (3, {"t0": "table_row_wise", "t1": "column_wise"}),
+])
+def test_pipelined_equals_plain(world_size, overrides):
+    plain = run_ranks(_run, world_size, False, overrides)
+    piped = run_ranks(_run, world_size, True, overrides)
+    _assert_same(plain, piped)
     assert "pipeline_wait" in piped[0][3] and piped[0][3]["exposed_comm"] > 0
+    assert piped[0][3]["pipeline_wait"] > 0 and plain[0][3]["pipeline_wait"] == 0
 
 
 def test_single_process_prefetch_equals_plain():
     a = Trainer(_cfg(False), progress=False).run()
     b = Trainer(_cfg(True), progress=False).run()
     assert a.losses == b.losses and a.eval == b.eval
+
+
+def _trace_body(comm, pipeline):
+    comm = TracingCommunicator(comm)
+    cfg = _cfg(pipeline, eval_every=0)
+    plan = ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size)
+    Trainer(cfg, comm=comm, plan=plan, progress=False).run()
+    return [(e["markers"][0], e["startTime_ns"], e["duration_ns"]) for e in comm.entries]
+
+
+def _next_ids_in_flight_during_backward(entries) -> list[bool]:
+    """For each training step (a forward exchange ``output_dist`` followed by its backward one,
+    ``output_dist_bwd``; evaluations have none): was an id exchange (``input_dist``) issued
+    between the two and still in flight (not yet waited for) when the backward one started?"""
+    steps = []
+    fwd = [k for k, e in enumerate(entries) if e[0] == "output_dist"] + [len(entries)]
+    for a, b in zip(fwd, fwd[1:]):
+        bwd = next((k for k in range(a, b) if entries[k][0] == "output_dist_bwd"), None)
+        if bwd is None:
+            continue  # an evaluation forward
+        ids = [entries[k] for k in range(a, bwd) if entries[k][0] == "input_dist"]
+        bwd_start = entries[bwd][1]
+        steps.append(any(start + (dur or 0) > bwd_start for _, start, dur in ids))
+    return steps
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_next_batch_ids_are_in_flight_during_the_backward(pipeline):
+    """From the recorded collective order and times: fails on the plain loop (the input dist
+    runs inside the forward), passes on the pipelined one."""
+    for entries in run_ranks(_trace_body, 2, pipeline):
+        in_flight = _next_ids_in_flight_during_backward(entries)
+        assert len(in_flight) == 7
+        assert all(in_flight) if pipeline else not any(in_flight), in_flight
+
+
+def _same_order_body(comm):
+    comm = TracingCommunicator(comm)
+    cfg = _cfg(True)
+    plan = ShardingPlan.uniform(cfg.model, "row_wise", comm.world_size).with_overrides(cfg.model, {"t1": "table_wise"})
+    Trainer(cfg, comm=comm, plan=plan, progress=False).run()
+    return [(e["pg_id"], e["comms"], e["markers"][0]) for e in comm.entries]
+
+
+def test_every_rank_issues_the_same_collectives_in_the_same_order():
+    """NCCL's rule (operations on different communicators issued in one order on every rank):
+    one thread issues them all, so the sequences are identical."""
+    seqs = run_ranks(_same_order_body, 3)
+    assert seqs[0] == seqs[1] == seqs[2] and len(seqs[0]) > 20

@@ -158,3 +158,39 @@ def test_eight_ranks(sharding):
     plan = ShardingPlan.uniform(MODEL, sharding, W, L)
     res = run_ranks(_sharded_body, W, plan.to_dict(), "adagrad", "fp32", local_world_size=L)
     _compare(res, _oracle(W, "adagrad"), W)
+
+
+class _SpyCodec:
+    """Identity on the wire; records what the backward exchanges encode."""
+
+    name = "spy"
+
+    def __init__(self):
+        self.seen = []
+
+    def encode(self, x):
+        self.seen.append(x.detach().clone())
+        return x
+
+    def decode(self, y, dtype):
+        return y.to(dtype)
+
+
+def _codec_sees_body(comm, sharding):
+    plan = ShardingPlan.uniform(MODEL, sharding, comm.world_size)
+    ebc = ShardedEmbeddingBagCollection(MODEL, plan, comm, _opt("sgd"), backend="reference", seed=SEED)
+    spy = _SpyCodec()
+    for g in ebc.groups.values():
+        g.ctx.bwd_codec = spy
+    sparse = SyntheticData(MODEL, DataConfig(), B, seed=2, rank=comm.rank, world_size=comm.world_size).batch(0).sparse
+    out = ebc(sparse)
+    out.backward(torch.full(out.shape, 0.75))
+    return [t for t in spy.seen if t.numel()]
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
+def test_backward_codec_carries_the_unscaled_gradient(sharding):
+    """The 1/W of the convention is applied after the backward exchange has decoded the
+    gradient: a narrow codec (fp16) at large W would otherwise carry subnormals."""
+    for seen in run_ranks(_codec_sees_body, 4, sharding):
+        assert seen and all(torch.all(t == 0.75) for t in seen), [t.unique() for t in seen]

@@ -1,4 +1,5 @@
 """The collective layer: every collective of the sharding code goes through a Communicator."""
+from .awaitable import LazyTensor, Pending
 from .autograd import all_gather_v, all_to_all_v, reduce_scatter_v
 from .codecs import CODECS, Codec, make_codec
 from .interface import CollectiveError, Communicator, Handle, check_splits
@@ -9,6 +10,8 @@ from .trace import TraceError, TracingCommunicator, load_trace
 
 __all__ = [
     "Communicator",
+    "Pending",
+    "LazyTensor",
     "Handle",
     "CollectiveError",
     "check_splits",

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from .awaitable import Pending
 from .codecs import Codec
 from .interface import Communicator
 
@@ -88,18 +89,6 @@ def all_gather_v(
 ) -> torch.Tensor:
     """x (sizes[rank], *S) -> (sum sizes, *S); differentiable."""
     return _AllGatherV.apply(x, comm, list(sizes), fwd, bwd, tag)
-
-
-class Pending:
-    """A differentiable result still in flight: ``wait()`` returns it (once)."""
-
-    def __init__(self, wait) -> None:
-        self._wait, self._value = wait, None
-
-    def wait(self) -> torch.Tensor:
-        if self._value is None:
-            self._value = self._wait()
-        return self._value
 
 
 class _AllToAllVStart(torch.autograd.Function):

@@ -1,12 +1,11 @@
 """A Communicator that times every collective by tag and forwards it to another.
 
 Synchronous collectives are timed end to end; asynchronous ones from start to ``wait()``
-returning. Totals land in a PhaseTimer under ``comm:<tag>``; the bytes this rank hands to each
+returning (with the timer's clock: host time on CPU, CUDA events on the stream on GPU). Totals land in a PhaseTimer under ``comm:<tag>``; the bytes this rank hands to each
 collective (its input tensor) are counted per tag in ``bytes_by_tag``.
 """
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
@@ -30,16 +29,16 @@ class TimingCommunicator(Communicator):
         return getattr(self.inner, name)
 
     def _timed(self, tag: str, call, async_op: bool):
-        start = time.perf_counter()
+        start = self.timer.start()
         out = call()
         key = f"comm:{tag or 'untagged'}"
         if not async_op:
-            self.timer.add(key, time.perf_counter() - start)
+            self.timer.stop(key, start)
             return out
 
         def wait() -> torch.Tensor:
             r = out.wait()
-            self.timer.add(key, time.perf_counter() - start)
+            self.timer.stop(key, start)
             return r
 
         return Handle(wait, _future=out._future)

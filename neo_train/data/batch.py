@@ -73,6 +73,20 @@ class SparseFeatures:
             return []
         return self.lengths_2d().sum(dim=1).tolist()
 
+    def _run_start(self, keys: tuple[str, ...]) -> int | None:
+        """Where ``keys`` starts as a run of consecutive features of this batch, else None."""
+        if not keys or keys[0] not in self.keys:
+            return None
+        i = self.keys.index(keys[0])
+        return i if self.keys[i : i + len(keys)] == keys else None
+
+    def _contiguous(self) -> bool:
+        return (
+            self.values.is_contiguous()
+            and self.lengths.is_contiguous()
+            and (self.weights is None or self.weights.is_contiguous())
+        )
+
     # ---- checks -----------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ValueError naming the feature when lengths are negative or do not sum to values."""
@@ -97,6 +111,24 @@ class SparseFeatures:
 
     def select(self, keys: Sequence[str]) -> "SparseFeatures":
         """The given features, in the given order."""
+        keys = tuple(keys)
+        if keys == self.keys and self._contiguous():
+            # every feature in batch order (e.g. a sharding group serving every feature): this
+            # batch itself, no copy (frozen; the concatenation below would rebuild it equal)
+            return self
+        run = self._run_start(keys)
+        if run is not None and self._contiguous():
+            # a run of consecutive features in batch order: views of this batch, no copy
+            B, n = self.batch_size, len(keys)
+            counts = self.feature_value_counts()
+            v0 = sum(counts[:run])
+            v1 = v0 + sum(counts[run : run + n])
+            return SparseFeatures(
+                keys,
+                self.values[v0:v1],
+                self.lengths[run * B : (run + n) * B],
+                None if self.weights is None else self.weights[v0:v1],
+            )
         parts = self.by_feature()
         missing = [k for k in keys if k not in parts]
         if missing:

@@ -2,7 +2,8 @@
 
 The model knows nothing about distribution: ``embeddings`` is any module mapping
 ``SparseFeatures`` to pooled vectors (B, sum_f D_f) in feature order, the unsharded
-EmbeddingBagCollection here or a sharded collection.
+EmbeddingBagCollection here or a sharded collection (whose result may still be in flight: a
+tensor-like object that waits on first use).
 """
 from __future__ import annotations
 
@@ -44,13 +45,9 @@ class DLRM(nn.Module):
             )
         if sparse.batch_size != dense.shape[0]:
             raise ValueError(f"sparse batch size {sparse.batch_size} != dense batch size {dense.shape[0]}")
-        if hasattr(self.embeddings, "forward_async"):
-            # sharded: the pooled embeddings' all-to-all is in flight while the bottom MLP runs
-            pending = self.embeddings.forward_async(sparse)
-            x = self.bottom(dense)  # (B, D)
-            pooled = pending.wait()  # (B, sum D_f)
-        else:
-            x = self.bottom(dense)  # (B, D)
-            pooled = self.embeddings(sparse)  # (B, sum D_f)
+        # embeddings first: a sharded collection returns its result still in flight (a lazy
+        # tensor), so its all-to-all overlaps the bottom MLP and the interaction waits for it
+        pooled = self.embeddings(sparse)  # (B, sum D_f)
+        x = self.bottom(dense)  # (B, D)
         z = self.interaction(x, pooled)
         return self.logit(self.top(z)).squeeze(1)

@@ -11,7 +11,49 @@ from ..data.batch import SparseFeatures
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
 from ..kernels.init import init_table
 
-__all__ = ["EmbeddingBagCollection", "init_table"]
+__all__ = ["EmbeddingBagCollection", "init_table", "check_sparse"]
+
+
+def check_sparse(
+    sparse: SparseFeatures,
+    feature_names: Sequence[str],
+    rows: Sequence[int],
+    *,
+    check: bool = True,
+    id_mode: str = "strict",
+    where: str = "",
+) -> SparseFeatures:
+    """The input checks of an embedding collection, on whatever device ``sparse`` is on.
+
+    Always: the features are ``feature_names`` in that order. With ``check``: bag lengths are
+    non-negative and sum to the number of ids, and every id of feature f lies in [0, rows[f])
+    (``id_mode='strict'``). ``id_mode='modulo'`` maps ids into their table instead (id % rows).
+    Errors are ValueErrors naming the feature, prefixed by ``where`` (e.g. "rank 1: ").
+    """
+    if sparse.keys != tuple(feature_names):
+        raise ValueError(
+            f"{where}sparse features {list(sparse.keys)} do not match the model's features "
+            f"{list(feature_names)} (same names, same order)"
+        )
+    if not check and id_mode != "modulo":
+        return sparse
+    if check:
+        sparse.validate()
+    counts = sparse.feature_value_counts()
+    n = sparse.values.numel()
+    per_id = torch.repeat_interleave(torch.tensor(list(rows), dtype=torch.int64), torch.tensor(counts, dtype=torch.int64),
+                                     output_size=n).to(sparse.values.device)
+    if id_mode == "modulo":
+        return SparseFeatures(sparse.keys, torch.remainder(sparse.values, per_id), sparse.lengths, sparse.weights)
+    bad = (sparse.values < 0) | (sparse.values >= per_id)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        f, end = 0, counts[0]
+        while i >= end:
+            f += 1
+            end += counts[f]
+        raise ValueError(f"{where}feature '{sparse.keys[f]}': id {int(sparse.values[i])} out of range [0, {rows[f]})")
+    return sparse
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -46,30 +88,23 @@ class EmbeddingBagCollection(nn.Module):
         )
         for ti, t in enumerate(self.tables):
             self.kernel.set_table(ti, init_table(seed, ti, t.num_rows, t.dim))
-        self.register_buffer(
-            "_rows_per_feature",
-            torch.tensor([self.tables[t].num_rows for t in feature_table_map], dtype=torch.int64),
-            persistent=False,
-        )
+        self.kernel.check_ids = False  # validate() checks the ids, naming the feature
+        self._rows = [self.tables[t].num_rows for t in feature_table_map]
+        # False when the caller (the trainer) validates batches on the host before the device copy
+        self.validate_in_forward = True
 
     @property
     def backend_name(self) -> str:
         return self.kernel.backend_name
 
+    def validate(self, sparse: SparseFeatures, check: bool = True) -> SparseFeatures:
+        """Feature names; with ``check`` lengths and id ranges; the modulo id mapping."""
+        return check_sparse(sparse, self.feature_names, self._rows, check=check, id_mode=self.id_mode)
+
     def forward(self, sparse: SparseFeatures) -> torch.Tensor:
-        if sparse.keys != self.feature_names:
-            raise ValueError(
-                f"sparse features {list(sparse.keys)} do not match the model's features "
-                f"{list(self.feature_names)} (same names, same order)"
-            )
-        sparse.validate()
-        values = sparse.values
-        if self.id_mode == "modulo":
-            rows = self._rows_per_feature.to(values.device).repeat_interleave(
-                torch.tensor(sparse.feature_value_counts(), device=values.device), output_size=values.numel()
-            )
-            values = torch.remainder(values, rows)
-        return self.kernel(values, sparse.offsets(), sparse.weights)  # (B, sum D_f)
+        if self.validate_in_forward:
+            sparse = self.validate(sparse)
+        return self.kernel(sparse.values, sparse.offsets(), sparse.weights)  # (B, sum D_f)
 
     # ---- export ---------------------------------------------------------------------------
     def table(self, name: str) -> torch.Tensor:

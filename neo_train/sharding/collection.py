@@ -2,12 +2,16 @@
 
 ``forward(sparse)`` takes the rank's local batch (b samples, every feature) and returns pooled
 (b, sum_f D_f) in the model's feature order, exactly what the unsharded collection returns for
-those samples. Each sharding type present in the plan is one group with its own three stages.
+those samples (as a LazyTensor: the output all-to-all is still in flight until first use).
+``input_dist(sparse)`` starts the input dist alone and returns a ``Pending``: the train pipeline
+starts the next batch's input dist early and hands ``forward`` the routed ids. Each sharding
+type present in the plan is one group with its own three stages; every group's ids travel in
+one exchange (``exchange_ids``).
 
 Gradient-scaling convention: every rank's loss is the mean over its b samples; DDP averages dense
 gradients over the W ranks, so dense parameters see the gradient of the global mean loss over
 W*b samples. The pooled embeddings' gradient is multiplied by 1/W on its way back (ScaleGrad
-below), so the embedding rows see that same global-mean gradient: sharded training over W ranks
+on each group's lookup output, after the output dist's backward exchange), so the embedding rows see that same global-mean gradient: sharded training over W ranks
 with local batch b matches unsharded training on the concatenated W*b batch.
 """
 from __future__ import annotations
@@ -22,12 +26,13 @@ import torch
 from torch import nn
 
 from ..comm import Communicator, make_codec
-from ..comm.autograd import Pending
+from ..comm.awaitable import LazyTensor, Pending
 from ..config import ModelConfig
 from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
+from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
-from .common import EmbeddingSharding, GroupFeature, ScaleGrad, ShardingContext
+from .common import EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
 from .data_parallel import DataParallelSharding
 from .plan import ShardingPlan, ShardingType
 from .row_wise import RowWiseSharding
@@ -82,6 +87,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         plan.validate(model, comm.world_size, L)
         self.model_cfg, self.plan, self.comm = model, plan, comm
         self.id_mode = id_mode
+        # False when the caller (the trainer) validates batches on the host before the device copy
+        self.validate_in_forward = True
         self.ctx = ShardingContext(
             comm, L, optimizer, backend, torch.device(device), seed, make_codec(fwd_codec), make_codec(bwd_codec), timer
         )
@@ -110,7 +117,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         perm = [c for f in self.feature_names for c in range(offsets[f], offsets[f] + dims[f])]
         self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int64), persistent=False)
         self.feature_dims = tuple(dims[f] for f in self.feature_names)
-        self._rows = {f: t.num_rows for t in model.tables for f in t.feature_names}
+        rows = {f: t.num_rows for t in model.tables for f in t.feature_names}
+        self._rows = [rows[f] for f in self.feature_names]
         self.backend_name = next(
             (g.kernel.backend_name for g in self.groups.values() if getattr(g, "kernel", None) is not None), "none"
         )
@@ -127,60 +135,53 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 f"(config hashes {hashes}); every rank must start from the same config"
             )
 
-    def validate(self, sparse: SparseFeatures) -> SparseFeatures:
-        """Local checks before any collective: feature names, lengths, id ranges (naming the rank)."""
-        r = self.comm.rank
-        if sparse.keys != self.feature_names:
-            raise ValueError(
-                f"rank {r}: sparse features {list(sparse.keys)} do not match the model's {list(self.feature_names)}"
+    def validate(self, sparse: SparseFeatures, check: bool = True) -> SparseFeatures:
+        """Checks before any collective (errors name the rank): feature names; with ``check``
+        lengths and id ranges; the modulo id mapping (``check_sparse``)."""
+        return check_sparse(sparse, self.feature_names, self._rows, check=check, id_mode=self.id_mode,
+                            where=f"rank {self.comm.rank}: ")
+
+    def input_dist(self, sparse: SparseFeatures) -> "Pending[DistributedSparse]":
+        """Validate and start sending every group's ids to their owners (no autograd: ids have
+        no grad). Issues the split-size exchange and starts the payload all-to-all on the input
+        dist's process group; ``wait()`` gives the routed ids. The train pipeline starts batch
+        i+1's input dist right after batch i's forward, from the same thread."""
+        if self.validate_in_forward:
+            sparse = self.validate(sparse)
+        b = sparse.batch_size
+        parts = sparse.by_feature()
+        sends = [g.input_sends(parts, b) for g in self.groups.values()]
+        exchanged = [s for s in sends if s is not None]
+        pending = exchange_ids(self.ctx.in_comm, exchanged, b) if exchanged else Pending.ready([])
+
+        def finish() -> DistributedSparse:
+            routed = iter(pending.wait())
+            return DistributedSparse(
+                [next(routed) if s is not None else g.local_input(parts, b) for g, s in zip(self.groups.values(), sends)], b
             )
-        sparse.validate()
-        counts = sparse.feature_value_counts()
-        rows = torch.tensor([self._rows[f] for f in sparse.keys], dtype=torch.int64)
-        per_id = torch.repeat_interleave(rows, torch.tensor(counts), output_size=sparse.values.numel()).to(sparse.values.device)
-        if self.id_mode == "modulo":
-            return SparseFeatures(sparse.keys, torch.remainder(sparse.values, per_id), sparse.lengths, sparse.weights)
-        bad = (sparse.values < 0) | (sparse.values >= per_id)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            f = 0
-            while i >= sum(counts[: f + 1]):
-                f += 1
-            name = sparse.keys[f]
-            raise ValueError(
-                f"rank {r}: feature '{name}': id {int(sparse.values[i])} out of range [0, {self._rows[name]})"
-            )
-        return sparse
-
-    def input_dist(self, sparse: SparseFeatures) -> "DistributedSparse":
-        """Validate and send every group's ids to their owners (no autograd: ids have no grad).
-
-        Uses only the input-dist process group, so it may run in a background thread (the
-        train pipeline) while another batch's lookup / output dist / backward run."""
-        sparse = self.validate(sparse)
-        t = self.ctx.timer or (lambda _phase: nullcontext())
-        with t("input_dist"):
-            routed = [g.input_dist(sparse.select(g.feature_names)) for g in self.groups.values()]
-        return DistributedSparse(routed, sparse.batch_size)
-
-    def forward_async(self, sparse: "SparseFeatures | DistributedSparse") -> Pending:
-        """Lookups now, output dists in flight; ``wait()`` gives what ``forward`` returns. The
-        DLRM runs its bottom MLP in between (Neo's overlap of the pooled all-to-all)."""
-        dist = sparse if isinstance(sparse, DistributedSparse) else self.input_dist(sparse)
-        pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
-
-        def finish() -> torch.Tensor:
-            pooled = torch.cat([p.wait() for p in pend], dim=1).index_select(1, self._perm)
-            return ScaleGrad.apply(pooled, 1.0 / self.comm.world_size)
 
         return Pending(finish)
 
-    def forward(self, sparse: "SparseFeatures | DistributedSparse") -> torch.Tensor:
-        """pooled (b, sum D_f) in model feature order, from a local batch or a distributed one."""
-        dist = sparse if isinstance(sparse, DistributedSparse) else self.input_dist(sparse)
-        outs = [g.compute(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
-        pooled = torch.cat(outs, dim=1).index_select(1, self._perm)  # (b, sum D_f), model order
-        return ScaleGrad.apply(pooled, 1.0 / self.comm.world_size)
+    def forward(self, sparse: "SparseFeatures | DistributedSparse") -> LazyTensor:
+        """pooled (b, sum D_f) in model feature order, from a local batch or a distributed one.
+
+        Lookups run now; the output dists are left in flight and the result is a LazyTensor:
+        the caller's next computation (the DLRM's bottom MLP) overlaps the pooled all-to-all,
+        and the first use of the result waits for it."""
+        if isinstance(sparse, DistributedSparse):
+            dist = sparse
+        else:
+            with self._timer()("input_dist"):
+                dist = self.input_dist(sparse).wait()
+        pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
+
+        def finish() -> torch.Tensor:
+            return torch.cat([p.wait() for p in pend], dim=1).index_select(1, self._perm)  # (b, sum D_f)
+
+        return LazyTensor(finish)
+
+    def _timer(self):
+        return self.ctx.timer or (lambda _phase: nullcontext())
 
     # ---- export: gather full logical tables -----------------------------------------------------
     def gather_tables(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from ..comm import Codec, Communicator, all_to_all_v, make_codec
-from ..comm.autograd import Pending, all_to_all_v_async
+from ..comm.autograd import all_to_all_v_async
+from ..comm.awaitable import Pending
 from ..config import TableConfig
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
 from ..kernels.init import init_table
@@ -28,7 +29,8 @@ __all__ = [
     "GroupFeature",
     "Unit",
     "Routed",
-    "route_to_owners",
+    "Sends",
+    "exchange_ids",
     "permute_segments",
     "build_kernel",
     "flat_exchange",
@@ -110,10 +112,24 @@ class Routed:
         return out
 
 
-def permute_segments(values: torch.Tensor, seg_lengths: torch.Tensor) -> torch.Tensor:
+@dataclass
+class Sends:
+    """One sharding group's input dist: what goes to each destination rank.
+
+    per_dest[j] = (lengths (U_j*b,), ids, weights or None): the bags of the U_j units rank j
+    looks up, unit-major, for this rank's b samples. ``units_on_me`` = U_rank (what comes back).
+    """
+
+    per_dest: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    units_on_me: int
+    weighted: bool
+
+
+def permute_segments(values: torch.Tensor, seg_lengths: torch.Tensor, total: int | None = None) -> torch.Tensor:
     """Reorder segments laid out [a][c] (seg_lengths (A, C)) into [c][a] order.
 
-    values holds A*C consecutive segments, segment (a, c) of seg_lengths[a, c] entries.
+    values holds A*C consecutive segments, segment (a, c) of seg_lengths[a, c] entries;
+    ``total`` = values.numel() when the caller knows it (saves a device-to-host sync).
     """
     A, C = seg_lengths.shape
     flat = seg_lengths.reshape(-1).to(torch.int64)
@@ -125,51 +141,86 @@ def permute_segments(values: torch.Tensor, seg_lengths: torch.Tensor) -> torch.T
     t_starts_dst = torch.zeros_like(t_lens)
     if t_lens.numel() > 1:
         t_starts_dst[1:] = torch.cumsum(t_lens, 0)[:-1]
-    total = int(t_lens.sum())
+    if total is None:
+        total = int(t_lens.sum())
     idx = torch.arange(total, device=values.device) + torch.repeat_interleave(
         t_starts_src - t_starts_dst, t_lens, output_size=total
     )
     return values[idx]
 
 
-def route_to_owners(
-    comm: Communicator,
-    per_dest: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
-    units_on_me: int,
-    b: int,
-    weighted: bool,
-    tag: str = "input_dist",
-) -> Routed:
-    """Input dist: send each destination its units' (lengths (U_j*b,), values, weights).
+def _weights_as_int64(w: torch.Tensor) -> torch.Tensor:
+    """float32 weights bit-cast into the int64 id payload (exact both ways)."""
+    return w.to(torch.float32).view(torch.int32).to(torch.int64)
 
-    Split sizes first (how many ids go to each peer), then lengths and values packed in one
-    all-to-all, then weights if any. The result is in [unit][source][bag] order: unit u's bags for the whole global batch are
-    contiguous, source rank 0's first.
+
+def _int64_as_weights(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.int32).view(torch.float32)
+
+
+def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str = "input_dist") -> Pending:
+    """Input dist of every sharding group in two collectives: split sizes, then one payload.
+
+    1. one all-to-all of the id counts (W x G ints): the step's one host sync of the input dist
+       (all_to_all needs its receive sizes on the host);
+    2. one all-to-all, started now, carrying for each peer every group's lengths, ids and
+       weights (bit-cast into int64) back to back.
+
+    ``wait()`` returns one ``Routed`` per group, in [unit][source rank][bag] order: unit u's bags
+    for the whole global batch are contiguous, source rank 0's first.
     """
-    W = comm.world_size
-    n_send = [int(d[1].numel()) for d in per_dest]
-    n_recv = comm.split_sizes(n_send, tag=tag)
-    # one all-to-all carries each peer's lengths and ids together (int64), weights ride in a second
-    payload = torch.cat([torch.cat([d[0].to(torch.int64), d[1].to(torch.int64)]) for d in per_dest])
-    in_splits = [int(d[0].numel()) + n for d, n in zip(per_dest, n_send)]
-    out_splits = [units_on_me * b + n for n in n_recv]
-    recv = comm.all_to_all_v(payload, in_splits, out_splits, tag=tag)
-    parts = recv.split(out_splits)
-    lengths = torch.cat([p[: units_on_me * b] for p in parts]).to(torch.int32)
-    values = torch.cat([p[units_on_me * b :] for p in parts])
-    weights = None
-    if weighted:
-        w_send = torch.cat([d[2] for d in per_dest])  # type: ignore[misc]
-        weights = comm.all_to_all_v(w_send, n_send, n_recv, tag=tag)
-    if W == 1 or units_on_me == 0:
+    W, G = comm.world_size, len(groups)
+    n_send = [int(g.per_dest[j][1].numel()) for j in range(W) for g in groups]  # (W, G) row-major
+    counts = torch.tensor(n_send, dtype=torch.int64, device=getattr(comm, "device", "cpu"))
+    n_recv = comm.all_to_all_v(counts, [G] * W, [G] * W, tag=tag).view(W, G).tolist()
+    pieces: list[torch.Tensor] = []
+    ins: list[int] = []
+    for j in range(W):
+        size = 0
+        for g in groups:
+            lens, vals, wts = g.per_dest[j]
+            pieces += [lens.to(torch.int64), vals.to(torch.int64)]
+            size += lens.numel() + vals.numel()
+            if g.weighted:
+                pieces.append(_weights_as_int64(wts))  # type: ignore[arg-type]
+                size += vals.numel()
+        ins.append(size)
+    per_source = [[(g.units_on_me * b, n_recv[i][k], n_recv[i][k] if g.weighted else 0) for k, g in enumerate(groups)]
+                  for i in range(W)]
+    outs = [sum(sum(p) for p in row) for row in per_source]
+    payload = torch.cat(pieces) if pieces else counts.new_zeros(0)
+    handle = comm.all_to_all_v(payload, ins, outs, async_op=True, tag=tag)
+
+    def finish() -> list[Routed]:
+        parts = handle.wait().split(outs)
+        got: list[list[list[torch.Tensor]]] = [[[], [], []] for _ in groups]  # per group: lengths, ids, weights
+        for i in range(W):
+            chunks = parts[i].split([n for p in per_source[i] for n in p])
+            for k in range(G):
+                for c in range(3):
+                    got[k][c].append(chunks[3 * k + c])
+        routed = []
+        for k, g in enumerate(groups):
+            lengths = torch.cat(got[k][0]).to(torch.int32)
+            values = torch.cat(got[k][1])
+            weights = _int64_as_weights(torch.cat(got[k][2])) if g.weighted else None
+            total = sum(n_recv[i][k] for i in range(W))
+            routed.append(_unit_major(values, lengths, weights, W, g.units_on_me, b, total))
+        return routed
+
+    return Pending(finish)
+
+
+def _unit_major(values, lengths, weights, W: int, U: int, b: int, total: int) -> Routed:
+    """[source][unit][bag] (as received) -> [unit][source][bag]."""
+    if W == 1 or U == 0:
         return Routed(values, lengths, weights)
-    l3 = lengths.view(W, units_on_me, b)
+    l3 = lengths.view(W, U, b)
     seg = l3.sum(dim=2)  # (W, U): ids per (source, unit)
-    values = permute_segments(values, seg)
+    values = permute_segments(values, seg, total)
     if weights is not None:
-        weights = permute_segments(weights, seg)
-    lengths = l3.permute(1, 0, 2).reshape(-1)
-    return Routed(values, lengths, weights)
+        weights = permute_segments(weights, seg, total)
+    return Routed(values, l3.permute(1, 0, 2).reshape(-1), weights)
 
 
 def build_kernel(
@@ -237,10 +288,12 @@ class ScaleGrad(torch.autograd.Function):
 
 
 class EmbeddingSharding(nn.Module):
-    """One sharding type's share of the tables: ``input_dist`` -> ``lookup`` -> ``output_dist``.
+    """One sharding type's share of the tables: ``input_sends`` -> ``lookup`` -> ``output_dist``.
 
-    ``forward(sparse)`` takes the rank's local batch (only this group's features, in group
-    order) and returns pooled (b, sum_f D_f) in group feature order.
+    The collection gathers every group's ``Sends`` into one id exchange (``exchange_ids``), hands
+    each group its ``Routed`` ids, and calls ``compute_async``: the lookup runs now, the output
+    dist is left in flight. A group that needs no exchange (data-parallel) returns None from
+    ``input_sends`` and gets its own batch from ``local_input``.
     """
 
     def __init__(self, ctx: ShardingContext, features: Sequence[GroupFeature]) -> None:
@@ -250,8 +303,17 @@ class EmbeddingSharding(nn.Module):
         self.feature_names = [f.name for f in self.features]
         self.dims = [f.table.dim for f in self.features]
 
-    def forward(self, sparse) -> torch.Tensor:
-        return self.compute(self.input_dist(sparse), sparse.batch_size)
+    def _timer(self):
+        return self.ctx.timer or (lambda _phase: nullcontext())
+
+    def scaled_lookup(self, routed) -> torch.Tensor:
+        """The lookup, timed; its gradient is scaled by 1/W on the way in (the convention's
+        1/W), i.e. after the output dist's backward exchange has decoded it, so a narrow
+        backward codec carries the unscaled gradient (fp16 subnormals at large W otherwise)."""
+        with self._timer()("lookup"):
+            pooled = self.lookup(routed)
+        W = self.ctx.world_size
+        return ScaleGrad.apply(pooled, 1.0 / W) if W > 1 else pooled
 
     def compute_async(self, routed, b: int) -> Pending:
         """Lookup now, output dist in flight: the caller overlaps compute until ``wait()``.
@@ -261,14 +323,17 @@ class EmbeddingSharding(nn.Module):
 
     def compute(self, routed, b: int) -> torch.Tensor:
         """Lookup and output dist of an already distributed input (b local samples)."""
-        t = self.ctx.timer or (lambda _phase: nullcontext())
-        with t("lookup"):
-            pooled = self.lookup(routed)
-        with t("output_dist"):
+        pooled = self.scaled_lookup(routed)
+        with self._timer()("output_dist"):
             return self.output_dist(pooled, b)
 
-    # each sharding type implements these three (and local_shards for export)
-    def input_dist(self, sparse):  # pragma: no cover - abstract
+    # each sharding type implements these (and local_shards for export)
+    def input_sends(self, parts: dict, b: int) -> Sends | None:  # pragma: no cover - abstract
+        """This rank's ids of the group's features (``parts``: SparseFeatures.by_feature())
+        for each destination; None: looked up locally (``local_input``)."""
+        raise NotImplementedError
+
+    def local_input(self, parts: dict, b: int):  # pragma: no cover - only for local groups
         raise NotImplementedError
 
     def lookup(self, routed) -> torch.Tensor:  # pragma: no cover - abstract

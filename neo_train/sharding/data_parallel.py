@@ -1,6 +1,6 @@
 """Data-parallel embeddings: small tables replicated on every rank.
 
-    input dist   nothing: each rank looks up its own b samples
+    input dist   none (no exchange): each rank looks up its own b samples
     lookup       one fused-kernel call over the replicas (no update in the forward)
     output dist  nothing
     backward     each rank sums its rows' gradients into a (rows, D) buffer per table and marks
@@ -55,14 +55,19 @@ class DataParallelSharding(EmbeddingSharding):
             shards.append((ti, f.table, next(s for s in f.plan.shards if s.rank == ctx.rank)))
         self._shard_list = shards
         self.kernel = build_kernel(ctx, shards, table_of_feature, self.feature_names)
-        self._anchor = torch.zeros((), requires_grad=True)
+        # an input that requires grad, so autograd runs the backward (the global update); on the
+        # kernel's device, so the backward never copies between devices
+        self._anchor = torch.zeros((), device=ctx.device, requires_grad=True)
         offs = [0]
         for d in self.dims:
             offs.append(offs[-1] + d)
         self._col = offs
 
-    def input_dist(self, sparse: SparseFeatures) -> SparseFeatures:
-        return sparse
+    def input_sends(self, parts: dict, b: int) -> None:
+        return None  # no exchange: each rank looks up its own b samples
+
+    def local_input(self, parts: dict, b: int) -> SparseFeatures:
+        return SparseFeatures.from_features({n: parts[n] for n in self.feature_names}, batch_size=b)
 
     def lookup(self, sparse: SparseFeatures) -> torch.Tensor:
         return _DataParallelLookup.apply(self._anchor, self, sparse.values, sparse.offsets(), sparse.weights)

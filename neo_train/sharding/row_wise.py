@@ -12,15 +12,14 @@
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
 from ..comm import reduce_scatter_v
-from ..comm.autograd import Pending, all_to_all_v_async
-from ..data.batch import SparseFeatures
-from .common import EmbeddingSharding, GroupFeature, Routed, ShardingContext, Unit, build_kernel, route_to_owners
+from ..comm.autograd import all_to_all_v_async
+from ..comm.awaitable import Pending
+from .common import EmbeddingSharding, GroupFeature, Routed, Sends, ShardingContext, Unit, build_kernel
 
 __all__ = ["RowWiseSharding"]
 
@@ -58,12 +57,10 @@ class RowWiseSharding(EmbeddingSharding):
         self._any_mean = any(f.table.pooling == "mean" for f in self.features)
 
     # ---- input dist ---------------------------------------------------------------------------
-    def bucketize(self, sparse: SparseFeatures) -> tuple[list[list[tuple]], bool]:
+    def bucketize(self, parts: dict, b: int) -> tuple[list[list[tuple]], bool]:
         """Per feature, per shard: (lengths (b,), local ids, weights or None)."""
-        b = sparse.batch_size
-        parts = sparse.by_feature()
-        weighted = sparse.weights is not None or self._any_mean
-        out = []
+        weighted = next(iter(parts.values()))[2] is not None or self._any_mean
+        keyed = []
         for fi, f in enumerate(self.features):
             vals, lens, w = parts[f.name]
             K = len(self.shards[fi])
@@ -79,24 +76,31 @@ class RowWiseSharding(EmbeddingSharding):
             key = k * b + bag
             order = torch.argsort(key, stable=True)
             counts = torch.bincount(key, minlength=K * b).view(K, b)
-            per_k = counts.sum(dim=1).tolist()
-            lv = local[order].split(per_k)
-            lw = wts[order].split(per_k) if wts is not None else [None] * K
-            out.append([(counts[j].to(torch.int32), lv[j], lw[j]) for j in range(K)])
+            keyed.append((local[order], wts[order] if wts is not None else None, counts))
+        # ids per (feature, shard) for the host-side split: one device-to-host copy for all features
+        per_k = torch.cat([c.sum(dim=1) for _, _, c in keyed]).tolist() if keyed else []
+        out, at = [], 0
+        for (local, wts, counts), sh in zip(keyed, self.shards):
+            sizes = per_k[at : at + len(sh)]
+            at += len(sh)
+            lv = local.split(sizes)
+            lw = wts.split(sizes) if wts is not None else [None] * len(sh)
+            out.append([(counts[j].to(torch.int32), lv[j], lw[j]) for j in range(len(sh))])
         return out, weighted
 
-    def input_dist(self, sparse: SparseFeatures) -> Routed:
-        buckets, weighted = self.bucketize(sparse)
+    def input_sends(self, parts: dict, b: int) -> Sends:
+        buckets, weighted = self.bucketize(parts, b)
+        any_part = next(iter(parts.values()))
         per_dest = []
         index = {(fi, s.row_start): j for fi, sh in enumerate(self.shards) for j, s in enumerate(sh)}
         for us in self.units_by_rank:
             items = [buckets[u.feature][index[(u.feature, u.shard.row_start)]] for u in us]
             per_dest.append((
-                torch.cat([x[0] for x in items]) if items else sparse.lengths.new_zeros(0),
-                torch.cat([x[1] for x in items]) if items else sparse.values.new_zeros(0),
-                (torch.cat([x[2] for x in items]) if items else torch.zeros(0)) if weighted else None,
+                torch.cat([x[0] for x in items]) if items else any_part[1].new_zeros(0),
+                torch.cat([x[1] for x in items]) if items else any_part[0].new_zeros(0),
+                (torch.cat([x[2] for x in items]) if items else torch.zeros(0, device=any_part[0].device)) if weighted else None,
             ))
-        return route_to_owners(self.ctx.in_comm, per_dest, len(self._mine), sparse.batch_size, weighted)
+        return Sends(per_dest, len(self._mine), weighted)
 
     # ---- lookup -------------------------------------------------------------------------------
     def lookup(self, routed: Routed) -> torch.Tensor:
@@ -141,15 +145,13 @@ class RowWiseSharding(EmbeddingSharding):
         if type(self).output_dist is not RowWiseSharding.output_dist:
             return super().compute_async(routed, b)
         W = self.ctx.world_size
-        t = self.ctx.timer or (lambda _phase: nullcontext())
-        with t("lookup"):
-            partial = self.partial_sums(self.lookup(routed), W * b, range(len(self.features)))
+        partial = self.partial_sums(self.scaled_lookup(routed), W * b, range(len(self.features)))
         D = partial.shape[1]
         pending = all_to_all_v_async(self.ctx.comm, partial.reshape(-1), [b * D] * W, [b * D] * W,
                                      self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
 
         def finish() -> torch.Tensor:
-            with t("output_dist"):
+            with self._timer()("output_dist"):
                 return pending.wait().view(W, b, D).sum(dim=0)  # sum over owners, in rank order
 
         return Pending(finish)

@@ -11,23 +11,12 @@ Column-wise sharding is the same machinery with one unit per column shard (colum
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
-from ..comm.autograd import Pending
-from ..data.batch import SparseFeatures
-from .common import (
-    EmbeddingSharding,
-    GroupFeature,
-    Routed,
-    ShardingContext,
-    Unit,
-    build_kernel,
-    flat_exchange,
-    route_to_owners,
-)
+from ..comm.awaitable import Pending
+from .common import EmbeddingSharding, GroupFeature, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange
 
 __all__ = ["TableWiseSharding"]
 
@@ -75,20 +64,18 @@ class TableWiseSharding(EmbeddingSharding):
         """TW: one unit per feature, the table's single shard."""
         return [Unit(i, f.plan.shards[0]) for i, f in enumerate(self.features)]
 
-    def input_dist(self, sparse: SparseFeatures) -> Routed:
-        parts = sparse.by_feature()
-        weighted = sparse.weights is not None
+    def input_sends(self, parts: dict, b: int) -> Sends:
+        any_part = next(iter(parts.values()))
+        weighted = any_part[2] is not None
         per_dest = []
         for us in self.units_by_rank:
-            lens = [parts[self.features[u.feature].name][1] for u in us]
-            vals = [parts[self.features[u.feature].name][0] for u in us]
-            wts = [parts[self.features[u.feature].name][2] for u in us] if weighted else []
+            got = [parts[self.features[u.feature].name] for u in us]
             per_dest.append((
-                torch.cat(lens) if lens else sparse.lengths.new_zeros(0),
-                torch.cat(vals) if vals else sparse.values.new_zeros(0),
-                (torch.cat(wts) if wts else sparse.weights.new_zeros(0)) if weighted else None,  # type: ignore[union-attr]
+                torch.cat([g[1] for g in got]) if got else any_part[1].new_zeros(0),
+                torch.cat([g[0] for g in got]) if got else any_part[0].new_zeros(0),
+                (torch.cat([g[2] for g in got]) if got else any_part[2].new_zeros(0)) if weighted else None,
             ))
-        return route_to_owners(self.ctx.in_comm, per_dest, len(self.units_by_rank[self.ctx.rank]), sparse.batch_size, weighted)
+        return Sends(per_dest, len(self.units_by_rank[self.ctx.rank]), weighted)
 
     def lookup(self, routed: Routed) -> torch.Tensor:
         if self.kernel is None:  # a rank that owns no table of this group: nothing to look up
@@ -97,14 +84,12 @@ class TableWiseSharding(EmbeddingSharding):
 
     def compute_async(self, routed: Routed, b: int) -> Pending:
         """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP)."""
-        t = self.ctx.timer or (lambda _phase: nullcontext())
-        with t("lookup"):
-            pooled = self._pooled_or_empty(self.lookup(routed), b)
+        pooled = self._pooled_or_empty(self.scaled_lookup(routed), b)
         pending = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                 "output_dist", async_op=True)
 
         def finish() -> torch.Tensor:
-            with t("output_dist"):
+            with self._timer()("output_dist"):
                 return pending.wait().index_select(1, self._perm)
 
         return Pending(finish)
@@ -116,10 +101,7 @@ class TableWiseSharding(EmbeddingSharding):
         return pooled
 
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
-        W = self.ctx.world_size
-        if self.kernel is None:
-            # requires_grad so this rank still joins the mirror all-to-all in the backward
-            pooled = torch.zeros(W * b, 0, device=self.ctx.device, requires_grad=True)
+        pooled = self._pooled_or_empty(pooled, b)
         out = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
         return out.index_select(1, self._perm)  # (b, sum D_f) in group order
 

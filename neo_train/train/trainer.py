@@ -27,9 +27,9 @@ from ..data.batch import Batch
 from ..data.synthetic import SyntheticData
 from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
-from ..parallel.pipeline import TrainPipeline
 from ..sharding.plan import ShardingPlan
 from .metrics import binary_metrics
+from .pipeline import TrainPipeline
 from .timing import PhaseTimer
 
 __all__ = ["Trainer", "TrainResult", "build_model", "make_dense_optimizer", "make_data", "sparse_optimizer_spec"]
@@ -127,7 +127,7 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        self.timer = PhaseTimer(cuda_sync=self.device.type == "cuda")
+        self.timer = PhaseTimer(cuda=self.device.type == "cuda")
         if comm is not None:
             comm = TimingCommunicator(comm, self.timer)
         self.comm = comm
@@ -141,6 +141,8 @@ class Trainer:
             self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device, timer=self.timer)
         else:
             self.model = build_model(cfg, self.device)
+        # inputs are checked on the host, before the device copy (check_batch), not in the forward
+        self.model.embeddings.validate_in_forward = False
         self.optimizer = make_dense_optimizer(cfg.train, self.model.dense_parameters())
         self._own_train_data = train_data is None
         self.train_data = (
@@ -155,12 +157,13 @@ class Trainer:
     def backend(self) -> str:
         return self.model.embeddings.backend_name
 
-    def global_means(self, values: list[float]) -> list[float]:
+    def global_means(self, values: "list[float] | torch.Tensor") -> list[float]:
         """Per-step means over ranks of per-rank scalars (the global-batch losses), in one
         all-reduce for the whole list: the loss exchange is batched, not one sync per step."""
-        if self.comm is None or not values:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=getattr(self.comm, "device", "cpu"))
+        t = torch.as_tensor(values, dtype=torch.float64)
+        if self.comm is None or t.numel() == 0:
+            return t.tolist()
+        t = t.to(getattr(self.comm, "device", "cpu"))
         return self.comm.all_reduce(t, op="avg", tag="metrics").tolist()
 
     def gather_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -173,38 +176,72 @@ class Trainer:
             "tables": {t.name: {"weight": ebc.table(t.name), **ebc.table_state(t.name)} for t in ebc.tables},
         }
 
-    def train_step(self, batch: Batch, step: int, distributed: Any = None) -> float:
-        """One step on this rank's batch; ``distributed``: its sparse input already through the
-        input dist (the pipeline does that in the background). Returns the rank-local loss."""
-        batch = batch.to(self.device)
+    def check_batch(self, batch: Batch) -> Batch:
+        """The host-side input checks (feature names always; lengths, id ranges and label values
+        with ``train.check_inputs``; the modulo id mapping), before the batch goes to the device,
+        so on a GPU they cost no device sync. Raises ValueError naming the feature and rank."""
+        check = self.cfg.train.check_inputs
+        sparse = self.model.embeddings.validate(batch.sparse, check=check)
+        if check and batch.labels.numel() and bool(((batch.labels < 0) | (batch.labels > 1)).any()):
+            bad = batch.labels[(batch.labels < 0) | (batch.labels > 1)][0]
+            raise ValueError(f"labels must lie in [0, 1]{self._where()}; got {float(bad)}")
+        return batch if sparse is batch.sparse else Batch(batch.dense, sparse, batch.labels)
+
+    def prepare(self, batch: Batch) -> Batch:
+        """A host batch checked (timed as ``check_inputs``) and on the training device."""
+        with self.timer("check_inputs"):
+            batch = self.check_batch(batch)
+        return batch.to(self.device)
+
+    def forward_loss(self, batch: Batch, sparse_in: Any = None) -> torch.Tensor:
+        """The forward on a device batch; ``sparse_in``: its sparse input already through the
+        input dist (the pipeline starts it a step ahead), else ``batch.sparse``."""
         with self.timer("forward"):
-            logits = self.model(batch.dense, distributed if distributed is not None else batch.sparse)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
-        value = float(loss.detach())  # this rank's loss; global means are taken in batches
-        if not math.isfinite(value):
-            where = f" on rank {self.rank}" if self.comm is not None else ""
-            raise FloatingPointError(f"loss is {value} at step {step}{where}; stopping (check learning rates and inputs)")
+            logits = self.model(batch.dense, batch.sparse if sparse_in is None else sparse_in)
+            return torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+
+    def backward_step(self, loss: torch.Tensor) -> None:
+        """Backward (embedding rows updated inside, by the fused sparse optimizer) and the dense
+        optimizer step."""
         self.optimizer.zero_grad(set_to_none=True)
         with self.timer("backward"):
-            loss.backward()  # embedding rows are updated here, by the fused sparse optimizer
+            loss.backward()
         with self.timer("optimizer"):
             self.optimizer.step()
+
+    def train_step(self, batch: Batch, step: int) -> float:
+        """One step on this rank's host batch; returns the rank-local loss as a float (a host
+        sync: the training loop keeps losses on the device instead). A non-finite loss raises
+        before the backward, so nothing is updated with it."""
+        batch = self.prepare(batch)
+        loss = self.forward_loss(batch)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {step}{self._where()}; stopping (check learning rates and inputs)")
+        self.backward_step(loss)
         return value
+
+    def _where(self) -> str:
+        return f" on rank {self.rank}" if self.comm is not None else ""
 
     def step_breakdown(self, steps: int) -> dict[str, float]:
         """Mean milliseconds per step by phase, from the timer's totals over ``steps`` steps.
 
-        input_dist / lookup / output_dist: the embedding stages of the forward (their
-        collectives included; pipelined, input_dist runs in the background and pipeline_wait is
-        what the step still waited for it); dense_forward: the rest of the forward; embedding_comm_backward:
-        the embedding collectives of the backward (mirror exchanges, DP gradient all-reduce);
-        backward_other: the rest of the backward (fused sparse update, dense gradients, DDP's
-        all-reduce as far as it is not overlapped); optimizer: the dense optimizer step.
+        input_dist: the input dist's work on the training thread (plain loop: inside the
+        forward; pipelined: starting the next batch's, between forward and backward);
+        pipeline_wait: what the pipelined step still waited for its ids; lookup / output_dist:
+        the embedding stages of the forward; dense_forward: the rest of the forward;
+        embedding_comm_backward: the embedding collectives of the backward (mirror exchanges,
+        DP gradient all-reduce); backward_other: the rest of the backward (fused sparse update,
+        dense gradients, DDP's all-reduce as far as it is not overlapped); optimizer: the dense
+        optimizer step; check_inputs: the host-side input checks; data: producing batches
+        (synthetic generation or file reading; pipelined, on the loader thread) and data_wait
+        what the step waited for it. samples/s excludes data and data_wait.
         """
         t = self.timer.totals()
         pipelined = "pipeline_wait" in t
-        # pipelined: the input dist runs in the background; the forward only waits for it
-        emb_fwd = sum(t.get(k, 0.0) for k in ("lookup", "output_dist")) + (0.0 if pipelined else t.get("input_dist", 0.0))
+        # plain loop: the input dist runs inside the forward; pipelined: outside it
+        emb_fwd = t.get("lookup", 0.0) + t.get("output_dist", 0.0) + (0.0 if pipelined else t.get("input_dist", 0.0))
         comm_bwd = sum(v for k, v in t.items() if k.startswith("comm:") and (k.endswith("_bwd") or k == "comm:dp_grad_allreduce"))
         out = {
             "input_dist": t.get("input_dist", 0.0),
@@ -215,10 +252,13 @@ class Trainer:
             "embedding_comm_backward": comm_bwd,
             "backward_other": t.get("backward", 0.0) - comm_bwd,
             "optimizer": t.get("optimizer", 0.0),
+            "check_inputs": t.get("check_inputs", 0.0),
+            "data": t.get("data", 0.0),
+            "data_wait": t.get("data_wait", 0.0),
         }
-        # communication the step waited for: the input dist (or, pipelined, the wait for it),
-        # the output dist and the embedding exchanges of the backward
-        out["exposed_comm"] = (out["pipeline_wait"] if pipelined else out["input_dist"]) + out["output_dist"] + comm_bwd
+        # communication the step waited for: the input dist (pipelined: its start and the wait
+        # for its ids), the output dist and the embedding exchanges of the backward
+        out["exposed_comm"] = out["input_dist"] + out["pipeline_wait"] + out["output_dist"] + comm_bwd
         return {k: 1e3 * v / max(1, steps) for k, v in out.items()}
 
     @torch.no_grad()
@@ -227,7 +267,7 @@ class Trainer:
         data = self._eval_data if self._eval_data is not None else make_data(self.cfg, "eval", self.rank, self.world_size)
         logits, labels = [], []
         for batch in itertools.islice(data, self.cfg.train.eval_batches):
-            batch = batch.to(self.device)
+            batch = self.prepare(batch)
             logits.append(self.model(batch.dense, batch.sparse))
             labels.append(batch.labels)
         self.model.train()
@@ -251,18 +291,28 @@ class Trainer:
 
             self.writer = SummaryWriter(str(self._log_dir), purge_step=start or None)
         bar = _progress(t.steps, self.progress, initial=start)
-        train_time = 0.0
-        pending: list[float] = []  # local losses not yet averaged over ranks
+        train_time = 0.0  # host seconds of training work: data loading and evaluation excluded
+        pending: list[torch.Tensor] = []  # local losses (device scalars) not yet read or averaged
 
         def flush(step: int) -> None:
-            losses = self.global_means(pending)
+            """Read the pending losses (one host sync per logging interval), average them over
+            ranks in one all-reduce, and stop on the first non-finite one."""
+            if not pending:
+                return
+            losses = self.global_means(torch.stack(pending))
+            pending.clear()
+            first = step - len(losses)
+            bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+            if bad is not None:
+                raise FloatingPointError(
+                    f"loss is {losses[bad]} at step {first + bad}{self._where()}; stopping (check learning rates and inputs)"
+                )
             if self.writer is not None:
                 for i, v in enumerate(losses):
-                    s = step - len(losses) + i
-                    if s % t.log_every == 0:
-                        self.writer.add_scalar("train/loss", v, s)
+                    if (first + i) % t.log_every == 0:
+                        self.writer.add_scalar("train/loss", v, first + i)
             result.losses.extend(losses)
-            pending.clear()
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
 
         pipe = TrainPipeline(self) if t.pipeline else None
         try:
@@ -270,34 +320,40 @@ class Trainer:
                 t0 = time.perf_counter()
                 _fault_injection(step, self.rank)
                 if pipe is not None:
+                    stalled = pipe.data_stall_s
                     loss = pipe.step(step)
+                    t0 += pipe.data_stall_s - stalled  # waiting for the loader is not training work
                 else:
                     try:
                         batch = next(self.train_data)
                     except StopIteration:
                         raise ValueError(f"training data ran out at step {step} of {t.steps}") from None
-                    loss = self.train_step(batch, step)
-                dt = time.perf_counter() - t0
-                train_time += dt
+                    data_s = time.perf_counter() - t0
+                    self.timer.add("data", data_s)
+                    t0 += data_s
+                    loss = self.forward_loss(self.prepare(batch))
+                    self.backward_step(loss)
+                    loss = loss.detach()
                 pending.append(loss)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                 if (step + 1) % t.log_every == 0:
                     flush(step + 1)
-                    if self.writer is not None:
-                        self.writer.add_scalar("train/samples_per_s", t.batch_size * self.world_size / max(dt, 1e-9), step)
-                        self._log_breakdown(step + 1)
+                dt = time.perf_counter() - t0
+                train_time += dt
+                bar.update(1)
+                if (step + 1) % t.log_every == 0 and self.writer is not None:
+                    self.writer.add_scalar("train/samples_per_s", t.batch_size * self.world_size / max(dt, 1e-9), step)
+                    self._log_breakdown(step + 1)
                 if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
-                    if pipe is not None:
-                        pipe.drain()  # the evaluation's input dist uses the same process group
-                    self._record_eval(result, step + 1)
+                    self._record_eval(result, step + 1)  # its input dist queues behind the in-flight one
                 if t.checkpoint_dir and t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < t.steps:
                     flush(step + 1)
                     self._save(step + 1, result)
+            t0 = time.perf_counter()
+            flush(t.steps)
+            train_time += time.perf_counter() - t0
         finally:
             if pipe is not None:
                 pipe.close()
-        flush(t.steps)
         if t.checkpoint_dir:
             self._save(t.steps, result)
         bar.close()

@@ -1,0 +1,183 @@
+"""The train pipeline: one thread issues every collective, in the same order on every rank.
+
+    pipe = TrainPipeline(trainer)
+    for step in range(steps):
+        loss = pipe.step(step)        # the rank-local loss, a 0-d device tensor (no host sync)
+    pipe.close()
+
+Step i, all on the calling thread (the model of TorchRec's TrainPipelineSparseDist):
+
+    wait for batch i's routed ids (its input dist was started during step i-1)     pipeline_wait
+    forward of batch i: lookups, pooled all-to-all in flight under the bottom MLP,
+        interaction, top MLP, loss                                                  forward
+    start batch i+1's input dist: split sizes (the input dist's one host sync), then
+        the id all-to-all, left in flight                                           input_dist
+    backward of batch i: pooled-gradient exchange, DDP all-reduce, fused sparse
+        update; dense optimizer step            (batch i+1's ids travel meanwhile)  backward, optimizer
+
+Every rank issues: [i's output dist] [i+1's split sizes, i+1's ids] [i's backward exchanges and
+DDP buckets] — the same collectives in the same order, whatever the timing, so NCCL cannot
+deadlock on communicators issued in different orders (the input dist keeps a process group of
+its own, so it never queues behind the backward's collectives on one communicator).
+
+Data loading (``next(data)``, the host-side input checks, pinning, the host-to-device copy) runs
+on a loader thread one batch further ahead; it issues no collective. On CUDA the loader copies
+on a stream of its own and the input dist runs on a side stream; the compute stream waits for
+them through events/``wait_stream``, and every tensor that crosses streams is
+``record_stream``-ed, so the caching allocator cannot reuse its memory while another stream
+may still read it. Nothing synchronises the device.
+
+The computation is the plain loop's, in the same order, so the per-step losses are identical
+(tests/test_pipeline.py, which also checks from the recorded collective order that batch i+1's
+ids are in flight during batch i's backward).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import Any, Iterator
+
+import torch
+
+from ..comm.awaitable import Pending
+from ..data.batch import Batch
+
+__all__ = ["TrainPipeline", "record_stream"]
+
+_UNSET = object()
+
+
+def record_stream(obj: Any, stream: "torch.cuda.Stream") -> None:
+    """``Tensor.record_stream(stream)`` on every CUDA tensor in obj (dataclasses, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda:
+            obj.record_stream(stream)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            record_stream(getattr(obj, f.name), stream)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            record_stream(v, stream)
+
+
+def _pinned(batch: Batch) -> Batch:
+    """A host batch in page-locked memory, so the device copy is truly asynchronous."""
+    s = batch.sparse
+    sparse = dataclasses.replace(
+        s, values=s.values.pin_memory(), lengths=s.lengths.pin_memory(),
+        weights=None if s.weights is None else s.weights.pin_memory(),
+    )
+    return Batch(batch.dense.pin_memory(), sparse, batch.labels.pin_memory())
+
+
+@dataclasses.dataclass
+class _Loaded:
+    batch: Batch  # on the training device
+    ready: Any  # CUDA: an event the copy stream recorded after the copy; else None
+    check_s: float  # host seconds spent in the input checks
+    data_s: float  # host seconds spent producing the batch (next(data))
+
+
+class TrainPipeline:
+    def __init__(self, trainer: Any, data: Iterator[Batch] | None = None) -> None:
+        self.trainer = trainer
+        self.timer = trainer.timer
+        self.data = data if data is not None else trainer.train_data
+        self.ebc = trainer.model.embeddings
+        self.sharded = hasattr(self.ebc, "input_dist")
+        self.device = torch.device(trainer.device)
+        cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self._dist_stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-data")
+        self._loading: Future | None = None
+        self._ahead: Any = _UNSET  # (loaded batch, its input dist in flight) for the next step
+        self.data_stall_s = 0.0  # host seconds this thread waited for the loader
+
+    # ---- loader thread: no collectives ------------------------------------------------------
+    def _load(self) -> _Loaded | None:
+        t0 = time.perf_counter()
+        try:
+            batch = next(self.data)
+        except StopIteration:
+            return None
+        t1 = time.perf_counter()
+        batch = self.trainer.check_batch(batch)
+        t2 = time.perf_counter()
+        if self._copy_stream is None:
+            return _Loaded(batch.to(self.device), None, t2 - t1, t1 - t0)
+        with torch.cuda.stream(self._copy_stream):
+            batch = _pinned(batch).to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        return _Loaded(batch, ready, t2 - t1, t1 - t0)
+
+    # ---- calling thread ---------------------------------------------------------------------
+    def _next_loaded(self) -> _Loaded | None:
+        if self._loading is None:
+            self._loading = self._pool.submit(self._load)
+        t0 = time.perf_counter()
+        with self.timer("data_wait"):
+            got = self._loading.result()  # re-raises the loader's errors (bad input, ...)
+        self.data_stall_s += time.perf_counter() - t0
+        self._loading = self._pool.submit(self._load)  # the batch after it loads meanwhile
+        if got is not None:
+            self.timer.add("check_inputs", got.check_s)
+            self.timer.add("data", got.data_s)
+        return got
+
+    def _start(self) -> tuple[_Loaded, Pending | None] | None:
+        """Take the next loaded batch and start its input dist (sharded models)."""
+        got = self._next_loaded()
+        if got is None or not self.sharded:
+            return None if got is None else (got, None)
+        stream = self._dist_stream
+        with self.timer("input_dist"), (torch.cuda.stream(stream) if stream is not None else nullcontext()):
+            if stream is not None:
+                stream.wait_event(got.ready)
+                record_stream(got.batch.sparse, stream)
+            pending = self.ebc.input_dist(got.batch.sparse)
+        return got, pending
+
+    def step(self, step: int) -> torch.Tensor:
+        """Run training step ``step``; returns the rank-local loss (a detached 0-d tensor)."""
+        if self._ahead is _UNSET:
+            self._ahead = self._start()
+        if self._ahead is None:
+            raise ValueError(f"training data ran out at step {step}")
+        got, pending = self._ahead
+        batch = got.batch
+        with self.timer("pipeline_wait"):
+            if pending is None:
+                sparse_in = batch.sparse
+            elif self._dist_stream is None:
+                sparse_in = pending.wait()
+            else:
+                with torch.cuda.stream(self._dist_stream):
+                    sparse_in = pending.wait()  # the unpacking runs on the side stream too
+        if self._copy_stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(got.ready)
+            record_stream(batch, compute)
+            if pending is not None:
+                compute.wait_stream(self._dist_stream)
+                record_stream(sparse_in, compute)
+        loss = self.trainer.forward_loss(batch, sparse_in)
+        self._ahead = self._start()  # batch i+1's input dist: issued after batch i's forward
+        self.trainer.backward_step(loss)
+        return loss.detach()
+
+    def close(self) -> None:
+        """Finish the in-flight input dist (its collectives must complete on every rank) and
+        stop the loader."""
+        ahead, self._ahead = self._ahead, _UNSET
+        if isinstance(ahead, tuple) and ahead[1] is not None:
+            try:
+                ahead[1].wait()
+            except Exception:  # noqa: BLE001 - the run is over; the error was or will be reported
+                pass
+        if self._loading is not None:
+            self._loading.cancel()
+        self._pool.shutdown(wait=True)
