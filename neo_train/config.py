@@ -43,6 +43,14 @@ def _check(cond: bool, where: str, msg: str) -> None:
         raise ValueError(f"{where}: {msg}")
 
 
+def _check_finite(obj: Any, section: str) -> None:
+    """Every float field is a finite number (inf / nan in a TOML file or flag is an error)."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{section}.{f.name}: must be a finite number, got {v}")
+
+
 class _Replace:
     def replace(self, **changes: Any):
         """A copy with some fields changed (validated again)."""
@@ -69,6 +77,7 @@ class TableConfig(_Replace):
     """Power-law exponent of this table's synthetic ids; None uses DataConfig.zipf_alpha."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, f"table '{self.name}'")
         w = f"table '{self.name}'"
         _check(bool(self.name), "table", "name must be non-empty")
         _check(self.num_rows >= 1, w, f"num_rows must be >= 1, got {self.num_rows}")
@@ -106,6 +115,7 @@ class ModelConfig(_Replace):
     """Rank of the DCNv2 cross weight (0 = full rank)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "model")
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "bottom_mlp", tuple(self.bottom_mlp))
         object.__setattr__(self, "top_mlp", tuple(self.top_mlp))
@@ -194,8 +204,9 @@ class TrainConfig(_Replace):
     """Resume from the newest checkpoint under checkpoint_dir when there is one."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "train")
         _check(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
-        _check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _check(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
         _check(self.dense_optimizer in DENSE_OPTIMIZERS, "train.dense_optimizer", f"must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
         _check(self.sparse_optimizer in SPARSE_OPTIMIZERS, "train.sparse_optimizer", f"must be one of {SPARSE_OPTIMIZERS}, got {self.sparse_optimizer!r}")
         _check(self.dense_lr >= 0, "train.dense_lr", f"must be >= 0, got {self.dense_lr}")
@@ -228,6 +239,7 @@ class DataConfig(_Replace):
     """'strict': an id outside a table is an error; 'modulo': ids are hashed into the table (id % rows)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "data")
         _check(self.source in DATA_SOURCES, "data.source", f"must be one of {DATA_SOURCES}, got {self.source!r}")
         _check(self.zipf_alpha >= 0, "data.zipf_alpha", f"must be >= 0, got {self.zipf_alpha}")
         _check(self.teacher_scale >= 0, "data.teacher_scale", f"must be >= 0, got {self.teacher_scale}")
@@ -268,6 +280,7 @@ class DistConfig(_Replace):
     """Record every collective in param's comms-trace JSON, one trace_rank<r>.json per rank, here."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "dist")
         _check(self.sharding in SHARDING_TYPES, "dist.sharding", f"must be one of {SHARDING_TYPES}, got {self.sharding!r}")
         for name in ("forward_comm_dtype", "backward_comm_dtype"):
             v = getattr(self, name)

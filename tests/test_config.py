@@ -105,3 +105,13 @@ def test_toml_errors_name_the_field(tmp_path):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         preset("huge")
+
+
+@pytest.mark.parametrize("section,field,value", [
+    ("train", "eps", float("inf")), ("train", "sparse_lr", float("nan")), ("dist", "timeout_s", float("inf")),
+    ("data", "zipf_alpha", float("inf")), ("train", "steps", 0),
+])
+def test_non_finite_and_zero_steps_are_rejected_naming_the_field(section, field, value):
+    cfg = preset("tiny")
+    with pytest.raises(ValueError, match=rf"{section}\.{field}: must be"):
+        getattr(cfg, section).replace(**{field: value})

@@ -81,3 +81,13 @@ def test_cli_config_round_trip(tmp_path):
     path = tmp_path / "tiny.toml"
     assert main(["config", "--preset", "tiny", "--out", str(path)]) == 0
     assert main(["train", "--nproc", "1", "--config", str(path), "--steps", "2", "--log-dir", "none", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("label", [2.0, -1.0])
+def test_labels_outside_0_1_are_an_error(label):
+    cfg = _tiny(steps=3)
+    data = SyntheticData(cfg.model, cfg.data, cfg.train.batch_size)
+    b = data.batch(0)
+    bad = Batch(b.dense, b.sparse, torch.full_like(b.labels, label))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 1\]"):
+        Trainer(cfg, progress=False).train_step(bad, 0)
