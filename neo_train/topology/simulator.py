@@ -480,6 +480,10 @@ class _Engine:
                 stuck = sorted({self.phases[self.rounds[int(o)].phase].name for o in self.owner})
                 raise RuntimeError(f"simulation stalled at t = {t:.6g} s: flows of {stuck} get no bandwidth")
             dt = t_next - t
+            if dt <= 0 and t_ev > t:
+                # the next completion lies below the clock's resolution at t (t + ttf == t in
+                # float): move its bytes anyway, or the loop would never make progress
+                dt = float(ttf[np.isfinite(ttf)].min())
             self.rem = np.maximum(self.rem - rate * dt, 0.0)
             self.complete(t, ttf, dt, vlb, epoch)
             t = t_next
