@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+from .config import positive_int
 import argparse
 import sys
 import time
@@ -24,10 +25,17 @@ from typing import Sequence
 __all__ = ["main", "build_parser", "config_from_args"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``neo-train train: error: argument --steps: ...``), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import COMM_DTYPES, PRESETS, SHARDING_TYPES
 
-    p = argparse.ArgumentParser(prog="neo-train", description="Neo-style DLRM training.")
+    p = _Parser(prog="neo-train", description="Neo-style DLRM training.")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a DLRM and report loss, AUC and throughput")
@@ -48,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--metrics-out", type=Path, help="write per-step losses, eval metrics and throughput as JSON")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.add_argument("--nproc", type=int, help="local ranks to start via torchrun (default: 2 on CPU, one per GPU; 1 = this process)")
+    t.add_argument("--nproc", type=positive_int, help="local ranks to start via torchrun (default: 2 on CPU, one per GPU; 1 = this process)")
     t.add_argument("--sharding", choices=SHARDING_TYPES, help="sharding type of every table (multi-rank)")
     t.add_argument("--plan", type=Path, help="ShardingPlan JSON (multi-rank); overrides --sharding")
-    t.add_argument("--local-world-size", type=int, help="ranks per node for the plan (default: LOCAL_WORLD_SIZE); fakes nodes on one host")
+    t.add_argument("--local-world-size", type=positive_int, help="ranks per node for the plan (default: LOCAL_WORLD_SIZE); fakes nodes on one host")
     t.add_argument("--comm-dtype-fwd", choices=COMM_DTYPES, help="wire format of pooled embeddings")
     t.add_argument("--comm-dtype-bwd", choices=COMM_DTYPES, help="wire format of their gradients")
     t.add_argument("--timeout", type=float, help="collective timeout, seconds")
@@ -302,7 +310,10 @@ def _info(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # usage errors (code 2) and --help (0) return like every other error
+        return int(e.code or 0)
     from .comm.replay import replay_command
     from .sharding.plan_cli import plan_command
     from .topology.study import simulate_command

@@ -8,6 +8,7 @@ Every dataclass validates itself in ``__post_init__`` and names the bad field.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import tomllib
@@ -49,6 +50,22 @@ def _check_finite(obj: Any, section: str) -> None:
         v = getattr(obj, f.name)
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{section}.{f.name}: must be a finite number, got {v}")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a 0 must not silently mean "the default")."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    v = float(text)
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
 
 
 class _Replace:

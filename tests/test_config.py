@@ -115,3 +115,17 @@ def test_non_finite_and_zero_steps_are_rejected_naming_the_field(section, field,
     cfg = preset("tiny")
     with pytest.raises(ValueError, match=rf"{section}\.{field}: must be"):
         getattr(cfg, section).replace(**{field: value})
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--nproc", "0"], ["train", "--local-world-size", "0"], ["simulate", "--nic-gbps", "0"],
+    ["simulate", "--gpus-per-node", "0"], ["simulate", "--gpu-tflops", "0"], ["simulate", "--hbm-gbps", "inf"],
+    ["replay", "traces", "--iters", "0"], ["plan", "--nodes", "0"],
+])
+def test_zero_or_non_finite_flags_are_one_line_usage_errors(argv, capsys):
+    """A 0 must not silently mean "the default": one error line naming the flag, exit code 2."""
+    from neo_train.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"error: argument {argv[1] if argv[0] != 'replay' else argv[2]}" in err[0], err

@@ -17,6 +17,7 @@ bad set of traces is an error naming the file and entry, not a hang.
 """
 from __future__ import annotations
 
+from ..config import positive_int
 import argparse
 import json
 import os
@@ -248,10 +249,10 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``neo-train replay``."""
     parser.add_argument("traces", nargs="+", help="per-rank trace files in rank order, or one directory of trace_rank{r}.json")
     parser.add_argument("--rules", default="", help="collective rules, e.g. 'all_to_all_v<=64KB:bruck,all_to_all_v:pairwise,all_reduce:ring' (default: native)")
-    parser.add_argument("--local-world-size", type=int, default=None, help="ranks per node for 'hierarchical' (default: LOCAL_WORLD_SIZE)")
+    parser.add_argument("--local-world-size", type=positive_int, default=None, help="ranks per node for 'hierarchical' (default: LOCAL_WORLD_SIZE)")
     parser.add_argument("--hosts-per-rack", type=int, default=None, help="ranks per rack for 'opera' (default: the node size)")
     parser.add_argument("--bulk-threshold", default="15MB", help="opera: blocks at least this large wait for their direct circuit (0: all)")
-    parser.add_argument("--iters", type=int, default=3, help="passes over the trace; each entry reports its median")
+    parser.add_argument("--iters", type=positive_int, default=3, help="passes over the trace; each entry reports its median")
     parser.add_argument("--per-op", action="store_true", help="print every collective, not only the per-phase totals")
     parser.add_argument("--json", default="", help="write every rank's report here")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="timeout of every collective")

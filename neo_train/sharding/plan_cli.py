@@ -9,6 +9,7 @@ is 0 when the plan fits in memory, 1 when it does not (the report says why and w
 """
 from __future__ import annotations
 
+from ..config import positive_int
 import argparse
 import json
 from pathlib import Path
@@ -142,10 +143,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src.add_argument("--config", type=Path, help="TOML config file (its model and train.batch_size)")
     p.add_argument("--row-scale", type=float, default=1.0, help="multiply every table's rows (preset only)")
     p.add_argument("--topology", default="zionex", help=f"cluster preset ({', '.join(CLUSTER_PRESETS)}) or a TOML file")
-    p.add_argument("--nodes", type=int, help="number of nodes (default: the topology's)")
-    p.add_argument("--gpus-per-node", type=int, help="devices per node (default: the topology's)")
+    p.add_argument("--nodes", type=positive_int, help="number of nodes (default: the topology's)")
+    p.add_argument("--gpus-per-node", type=positive_int, help="devices per node (default: the topology's)")
     p.add_argument("--table-dtype", choices=("fp32", "fp16"), default="fp32", help="embedding weight precision")
-    p.add_argument("--batch-size", type=int, help="per-rank batch size (default: the config's)")
+    p.add_argument("--batch-size", type=positive_int, help="per-rank batch size (default: the config's)")
     p.add_argument("--optimizer", help="sparse optimizer (default: the config's)")
     p.add_argument("--memory-fraction", type=float, default=0.95, help="usable share of device memory")
     p.add_argument("--out", type=Path, help="write the plan JSON here (only when it fits)")

@@ -20,6 +20,7 @@ all-reduce vs all-to-all byte shares; ``--out DIR`` writes timeline.csv and summ
 """
 from __future__ import annotations
 
+from ..config import positive_float, positive_int
 import argparse
 import csv
 import json
@@ -128,19 +129,19 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="opera_model_a",
                    help="opera_model_a (the ISI study's Model-A, default) or a config preset (model_a is Neo's)")
-    p.add_argument("--tables", type=int, help="use this many tables (opera_model_a: 1000 by default)")
-    p.add_argument("--nodes", type=int, default=128, help="hosts (nodes of --gpus-per-node GPUs); default 128")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the topology's, 8)")
+    p.add_argument("--tables", type=positive_int, help="use this many tables (opera_model_a: 1000 by default)")
+    p.add_argument("--nodes", type=positive_int, default=128, help="hosts (nodes of --gpus-per-node GPUs); default 128")
+    p.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default: the topology's, 8)")
     p.add_argument("--network", choices=NETWORKS, default="opera")
     p.add_argument("--allreduce", choices=("auto",) + ALL_REDUCE_ALGORITHMS, default="auto",
                    help="dense all-reduce; auto = the study's pairing (DPS on opera, ring otherwise)")
     p.add_argument("--a2a", choices=("direct", "pairwise"), default="direct", help="all-to-all algorithm")
-    p.add_argument("--global-batch", type=int, default=524_288, help="samples per iteration (strong scaling)")
+    p.add_argument("--global-batch", type=positive_int, default=524_288, help="samples per iteration (strong scaling)")
     p.add_argument("--topology", default="opera_study",
                    help=f"cluster preset ({', '.join(CLUSTER_PRESETS)}) or TOML: GPUs, HBM, FLOP/s, NIC")
-    p.add_argument("--nic-gbps", type=float, help="NIC (and Opera uplink) Gbit/s, overriding the topology's")
-    p.add_argument("--gpu-tflops", type=float, help="dense TFLOP/s per GPU for the roofline")
-    p.add_argument("--hbm-gbps", type=float, help="HBM GB/s per GPU for the roofline")
+    p.add_argument("--nic-gbps", type=positive_float, help="NIC (and Opera uplink) Gbit/s, overriding the topology's")
+    p.add_argument("--gpu-tflops", type=positive_float, help="dense TFLOP/s per GPU for the roofline")
+    p.add_argument("--hbm-gbps", type=positive_float, help="HBM GB/s per GPU for the roofline")
     p.add_argument("--bulk-threshold-mb", type=float, default=0.0,
                    help="Opera: flows below this take multi-hop low-latency paths (study: 0; Opera's default 15)")
     p.add_argument("--no-vlb", action="store_true", help="Opera: direct circuits only (no RotorLB/VLB)")
