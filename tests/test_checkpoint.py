@@ -324,3 +324,35 @@ def test_latest_pointer_and_crash_leftovers(tmp_path):
     again = save_checkpoint(t, checkpoint_dir(tmp_path, 1), 1)
     verify_checkpoint(again)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001", "step_00000003.tmp-3"]
+
+
+def test_latest_naming_a_damaged_or_outside_checkpoint_is_an_error(tmp_path):
+    cfg = _cfg()
+    t = Trainer(cfg, progress=False)
+    _train(t, 0, 1)
+    first = save_checkpoint(t, checkpoint_dir(tmp_path, 1), 1)
+    (first / "manifest.json").unlink()  # latest still names it: no silent restart from step 0
+    with pytest.raises(CheckpointError, match="has no manifest.json"):
+        find_latest(tmp_path)
+    (tmp_path / "latest").write_text(json.dumps({"checkpoint": "../elsewhere", "step": 1}))
+    with pytest.raises(CheckpointError, match="not a checkpoint directory inside"):
+        find_latest(tmp_path)
+
+
+def _run_to(tmp_path, steps, **kw):
+    cfg = _cfg()
+    cfg = cfg.replace(train=cfg.train.replace(steps=steps, checkpoint_dir=str(tmp_path / "ck"), log_every=1, **kw))
+    return Trainer(cfg, progress=False).run()
+
+
+def test_resume_below_the_checkpoint_step_is_refused_and_history_is_exact(tmp_path):
+    """--steps below the checkpoint's step trained nothing and moved `latest` back; the losses of
+    a resumed run come from the checkpoint itself (one atomic unit), each step exactly once."""
+    full = _run_to(tmp_path / "a", 6)
+    _run_to(tmp_path, 4)
+    with pytest.raises(ValueError, match="at step 4, beyond train.steps = 2"):
+        _run_to(tmp_path, 2)
+    assert json.loads((tmp_path / "ck" / "latest").read_text())["step"] == 4
+    resumed = _run_to(tmp_path, 6)
+    assert resumed.losses == full.losses and len(resumed.losses) == 6
+    assert not (tmp_path / "ck" / "losses.json").exists()

@@ -60,6 +60,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import uuid
 import warnings
@@ -97,6 +98,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "find_latest",
+    "load_history",
     "resume_from_latest",
     "checkpoint_dir",
     "verify_checkpoint",
@@ -105,6 +107,7 @@ __all__ = [
 
 FORMAT = "neo_train.checkpoint/1"
 MANIFEST, META, DCP_INDEX, LATEST = "manifest.json", "checkpoint.json", "dcp_metadata.json", "latest"
+HISTORY = "history.json"  # the run's per-step global losses and evaluations up to the checkpoint
 MAX_BLOCK_BYTES = 64 << 20
 
 Block = tuple[int, int, int, int]  # rows [r0, r1) x columns [c0, c1) of a logical table
@@ -121,10 +124,13 @@ def checkpoint_dir(root: str | Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    trainer: "Trainer", directory: str | Path, step: int, *, max_block_bytes: int = MAX_BLOCK_BYTES
+    trainer: "Trainer", directory: str | Path, step: int, *, max_block_bytes: int = MAX_BLOCK_BYTES,
+    history: dict[str, Any] | None = None,
 ) -> Path:
     """Write the trainer's state as checkpoint ``directory`` (collective). ``step``: the steps
-    trained so far, i.e. where a resumed run starts. Returns the directory."""
+    trained so far, i.e. where a resumed run starts. ``history`` (JSON: the run's per-step losses
+    and evaluations so far) is written inside the checkpoint, covered by its manifest and
+    published with it, so a resumed run reports every step exactly once. Returns the directory."""
     final = Path(directory)
     tmp = final.with_name(f"{final.name}.tmp-{step}")
     comm, rank = trainer.comm, trainer.rank
@@ -153,6 +159,8 @@ def save_checkpoint(
     if rank == 0:
         try:
             _write_json(tmp / META, _meta(trainer, view, step, max_block_bytes), indent=1)
+            if history is not None:
+                _write_json(tmp / HISTORY, history)
         except Exception as e:  # noqa: BLE001
             err = e
     _agree(comm, err, f"saving {final}")
@@ -202,16 +210,32 @@ def resume_from_latest(trainer: "Trainer", root: str | Path) -> tuple[int, int]:
     return load_checkpoint(trainer, latest), data_start_batch(latest, trainer.world_size, trainer.cfg.train.batch_size)
 
 
+def load_history(directory: str | Path) -> dict[str, Any] | None:
+    """The history saved with a checkpoint (None for one saved without): {"losses": [...], ...}.
+    Read after ``load_checkpoint`` has checked the file against the manifest."""
+    path = Path(directory) / HISTORY
+    return _read_json(path) if path.exists() else None
+
+
 def find_latest(root: str | Path) -> Path | None:
     """The newest complete checkpoint under ``root``: the one ``root/latest`` names, else (pointer
     missing or stale) the complete ``step_*`` directory of the highest step; None if none."""
     root = Path(root)
     try:
-        cand = root / str(json.loads((root / LATEST).read_text())["checkpoint"])
+        name = str(json.loads((root / LATEST).read_text())["checkpoint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        name = None
+    if name is not None:
+        if not re.fullmatch(r"step_\d+", name):
+            raise CheckpointError(f"{root / LATEST} names '{name}', not a checkpoint directory inside {root}")
+        cand = root / name
         if (cand / MANIFEST).is_file():
             return cand
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+        if cand.exists():
+            raise CheckpointError(
+                f"{root / LATEST} names {cand}, which has no {MANIFEST}: the checkpoint is damaged "
+                f"(remove it, or the '{LATEST}' file, to resume from an older one)"
+            )
     best: tuple[int, Path] | None = None
     for c in root.glob("step_*") if root.is_dir() else ():
         if ".tmp-" in c.name or ".old-" in c.name or not (c / MANIFEST).is_file():

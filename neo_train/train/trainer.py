@@ -354,7 +354,7 @@ class Trainer:
         finally:
             if pipe is not None:
                 pipe.close()
-        if t.checkpoint_dir:
+        if t.checkpoint_dir and t.steps > start:
             self._save(t.steps, result)
         bar.close()
         result.train_seconds = train_time
@@ -375,15 +375,23 @@ class Trainer:
         t = self.cfg.train
         if not (t.checkpoint_dir and t.resume):
             return 0
-        from .checkpoint import resume_from_latest
+        from .checkpoint import find_latest, load_history, resume_from_latest
 
         start, batch = resume_from_latest(self, t.checkpoint_dir)
+        if start > t.steps:
+            raise ValueError(
+                f"the newest checkpoint under {t.checkpoint_dir} is at step {start}, beyond train.steps = {t.steps}: "
+                f"nothing to train (raise --steps, or use another --checkpoint-dir / --no-resume)"
+            )
         if start:
             if self._own_train_data:  # the data stream continues where the checkpoint left it
                 self.train_data = make_data(self.cfg, "train", self.rank, self.world_size, batch)
-            history = Path(t.checkpoint_dir) / "losses.json"
-            if history.exists():  # per-step global losses of the steps before the restart
-                result.losses.extend(json.loads(history.read_text())["losses"][:start])
+            history = load_history(find_latest(t.checkpoint_dir)) or {}
+            losses = history.get("losses", [])[:start]
+            if len(losses) < start and self.rank == 0:
+                print(f"neo-train: the checkpoint holds the losses of {len(losses)} of its {start} steps", flush=True)
+            result.losses.extend(losses)
+            result.eval_history.extend(e for e in history.get("eval_history", []) if e.get("step", 0) <= start)
             if self.rank == 0:
                 print(f"neo-train: resumed from step {start} ({t.checkpoint_dir})", flush=True)
         return start
@@ -391,12 +399,9 @@ class Trainer:
     def _save(self, step: int, result: TrainResult) -> None:
         from .checkpoint import checkpoint_dir, save_checkpoint
 
-        save_checkpoint(self, checkpoint_dir(self.cfg.train.checkpoint_dir, step), step)
-        if self.rank == 0:  # the global losses so far, so a resumed run reports every step once
-            path = Path(self.cfg.train.checkpoint_dir) / "losses.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": step, "losses": result.losses[:step]}))
-            tmp.replace(path)
+        # the per-step global losses so far travel inside the checkpoint (one atomic unit)
+        history = {"step": step, "losses": result.losses[:step], "eval_history": result.eval_history}
+        save_checkpoint(self, checkpoint_dir(self.cfg.train.checkpoint_dir, step), step, history=history)
 
     def _log_breakdown(self, step: int) -> None:
         """TensorBoard: per-phase ms/step and bytes per collective tag per step, so far."""
