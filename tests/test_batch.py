@@ -76,3 +76,16 @@ def test_bad_input():
         SparseFeatures(("a", "b"), torch.tensor([1]), torch.tensor([1, 0, 0], dtype=torch.int32))
     with pytest.raises(ValueError, match="int32/int64"):
         SparseFeatures(("a",), torch.tensor([1.0]), torch.tensor([1], dtype=torch.int32))
+
+
+def test_per_feature_counts_travel_as_host_metadata():
+    """Counts taken on the host ride along to the device, so splitting by feature there needs no
+    device-to-host copy of the lengths (a host sync on a GPU)."""
+    sf = SparseFeatures(("a", "b"), torch.tensor([1, 2, 3, 4, 5]), torch.tensor([2, 0, 1, 2], dtype=torch.int32))
+    assert sf._counts is None
+    moved = sf.to("cpu")
+    assert moved._counts == (2, 3) and moved.feature_value_counts() == [2, 3]
+    built = SparseFeatures.from_features(moved.by_feature())
+    assert built._counts == (2, 3) and torch.equal(built.values, sf.values) and torch.equal(built.lengths, sf.lengths)
+    with pytest.raises(ValueError, match="counts"):
+        SparseFeatures(("a",), torch.tensor([1, 2]), torch.tensor([2], dtype=torch.int32), None, (3,))

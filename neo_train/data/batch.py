@@ -11,7 +11,7 @@ torchrec's ``KeyedJaggedTensor`` uses too, so conversion is a relabelling, not a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -27,9 +27,14 @@ class SparseFeatures:
     values: torch.Tensor
     lengths: torch.Tensor
     weights: torch.Tensor | None = None
+    # ids per feature, known on the host (from host lengths, or from the parts a batch was built
+    # from): splitting by feature then needs no device-to-host copy of the lengths
+    _counts: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", tuple(self.keys))
+        if self._counts is not None and (len(self._counts) != len(self.keys) or sum(self._counts) != self.values.numel()):
+            raise ValueError(f"SparseFeatures: per-feature counts {list(self._counts)} do not match {self.values.numel()} values")
         if self.values.dim() != 1 or self.lengths.dim() != 1:
             raise ValueError("SparseFeatures: values and lengths must be 1-D tensors")
         if self.values.dtype not in (torch.int32, torch.int64):
@@ -68,10 +73,13 @@ class SparseFeatures:
         return out
 
     def feature_value_counts(self) -> list[int]:
-        """Number of ids of each feature, (F,) as Python ints."""
+        """Number of ids of each feature, (F,) as Python ints (remembered: computed once, on
+        the host before a device copy when the batch came from the host)."""
         if not self.keys:
             return []
-        return self.lengths_2d().sum(dim=1).tolist()
+        if self._counts is None:
+            object.__setattr__(self, "_counts", tuple(self.lengths_2d().sum(dim=1).tolist()))
+        return list(self._counts)  # type: ignore[arg-type]
 
     def _run_start(self, keys: tuple[str, ...]) -> int | None:
         """Where ``keys`` starts as a run of consecutive features of this batch, else None."""
@@ -136,11 +144,14 @@ class SparseFeatures:
         return SparseFeatures.from_features({k: parts[k] for k in keys}, batch_size=self.batch_size)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "SparseFeatures":
+        # the per-feature counts travel as host metadata (taken now, while the lengths are here)
+        counts = tuple(self.feature_value_counts()) if self.lengths.device.type == "cpu" else self._counts
         return SparseFeatures(
             self.keys,
             self.values.to(device, non_blocking=non_blocking),
             self.lengths.to(device, non_blocking=non_blocking),
             None if self.weights is None else self.weights.to(device, non_blocking=non_blocking),
+            counts,
         )
 
     # ---- construction -----------------------------------------------------------------------
@@ -167,6 +178,7 @@ class SparseFeatures:
             torch.cat(vals),
             torch.cat(lens),
             torch.cat(wts) if all(have_w) else None,
+            tuple(int(v.numel()) for v in vals),
         )
 
     @staticmethod

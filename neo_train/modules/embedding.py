@@ -1,6 +1,7 @@
 """Unsharded EmbeddingBagCollection: every table of the model through one fused-kernel call."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -44,7 +45,7 @@ def check_sparse(
     per_id = torch.repeat_interleave(torch.tensor(list(rows), dtype=torch.int64), torch.tensor(counts, dtype=torch.int64),
                                      output_size=n).to(sparse.values.device)
     if id_mode == "modulo":
-        return SparseFeatures(sparse.keys, torch.remainder(sparse.values, per_id), sparse.lengths, sparse.weights)
+        return dataclasses.replace(sparse, values=torch.remainder(sparse.values, per_id))
     bad = (sparse.values < 0) | (sparse.values >= per_id)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
