@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .config import positive_int
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -218,6 +219,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() or 2)
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if not in_torchrun:  # errors found before launch: once, here, not once per rank
+        preflight(cfg, args, nproc)
     if nproc > 1 and not in_torchrun:
         return _launch_local(nproc, argv, args.max_restarts)
     comm = plan = None
@@ -264,6 +267,51 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             say(f"collective traces written to {path.parent} (replay: neo-train replay {cfg.dist.trace_dir})")
         dist.destroy_process_group()
     return 0
+
+
+def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
+    """What can be checked before any rank starts, raising ValueError (one line, exit code 2):
+    the plan file (exists, fits the model and this world size), the kernel backend's name,
+    --local-world-size against --nproc, data files, and the output paths."""
+    from pathlib import Path
+
+    from .kernels.registry import registered_backends
+
+    if cfg.train.kernel_backend not in ("auto", *registered_backends()):
+        raise ValueError(f"train.kernel_backend: unknown backend {cfg.train.kernel_backend!r} "
+                         f"(known: auto, {', '.join(registered_backends())})")
+    L = args.local_world_size or nproc
+    if nproc % L:
+        raise ValueError(f"--local-world-size {L} does not divide --nproc {nproc}")
+    if cfg.dist.plan_path and nproc > 1:
+        from .sharding import ShardingPlan
+
+        if not Path(cfg.dist.plan_path).is_file():
+            raise ValueError(f"plan file {cfg.dist.plan_path} does not exist")
+        ShardingPlan.from_json(cfg.dist.plan_path).validate(cfg.model, nproc, L)
+    if cfg.data.source == "criteo":
+        for what, path in (("--data-path", cfg.data.path), ("--eval-path", cfg.data.eval_path)):
+            if path and not Path(path).is_file():
+                raise ValueError(f"{what} {path}: no such file")
+
+    def writable_dir(what: str, path: str) -> None:
+        d = Path(path)
+        if d.exists() and not d.is_dir():
+            raise ValueError(f"{what} {path} is a file, not a directory")
+        probe = d
+        while not probe.exists():
+            probe = probe.parent
+        if not os.access(probe, os.W_OK):
+            raise ValueError(f"{what} {path} is not writable")
+
+    if cfg.train.checkpoint_dir:
+        writable_dir("--checkpoint-dir", cfg.train.checkpoint_dir)
+    if cfg.dist.trace_dir:
+        writable_dir("--trace-dir", cfg.dist.trace_dir)
+    if args.metrics_out:
+        if Path(args.metrics_out).is_dir():
+            raise ValueError(f"--metrics-out {args.metrics_out} is a directory; give a file path")
+        writable_dir("--metrics-out's directory", str(Path(args.metrics_out).parent))
 
 
 def wrap_communicator(comm, cfg, local_world_size: int | None):

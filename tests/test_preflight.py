@@ -1,0 +1,44 @@
+"""Errors that can be found before launch are reported once, by the launcher: one line, exit
+code 2, before any rank starts (no torchrun dump, no per-rank copies)."""
+import json
+import time
+
+import pytest
+
+from neo_train.cli import main
+from neo_train.config import preset
+from neo_train.sharding import ShardingPlan
+
+
+def _cases(tmp):
+    model = preset("tiny").model
+    four = tmp / "plan4.json"
+    four.write_text(ShardingPlan.uniform(model, "table_wise", 4).to_json())
+    other = tmp / "other.json"
+    other.write_text(ShardingPlan.uniform(preset("small").model, "table_wise", 2).to_json())
+    a_file = tmp / "a_file"
+    a_file.write_text("x")
+    return [
+        (["--plan", str(tmp / "missing.json")], "does not exist"),
+        (["--plan", str(four)], "world size 4"),
+        (["--plan", str(other)], "that the model does not have"),
+        (["--backend", "fbgem"], "unknown backend 'fbgem'"),
+        (["--local-world-size", "3"], "does not divide --nproc 2"),
+        (["--data", "criteo", "--data-path", str(tmp / "none.tsv")], "no such file"),
+        (["--checkpoint-dir", str(a_file)], "is a file, not a directory"),
+        (["--metrics-out", str(tmp)], "is a directory"),
+        (["--trace-dir", str(a_file)], "is a file, not a directory"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_launch_errors_are_one_line_before_any_rank_starts(index, tmp_path, capsys):
+    extra, expected = _cases(tmp_path)[index]
+    start = time.time()
+    rc = main(["train", "--nproc", "2", "--preset", "tiny", "--steps", "2", "--log-dir", "none", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neo-train: error:") and expected in lines[0], err
+    assert "starting" not in out  # torchrun was never called
+    assert time.time() - start < 10
