@@ -42,3 +42,18 @@ def test_launch_errors_are_one_line_before_any_rank_starts(index, tmp_path, caps
     assert len(lines) == 1 and lines[0].startswith("neo-train: error:") and expected in lines[0], err
     assert "starting" not in out  # torchrun was never called
     assert time.time() - start < 10
+
+
+def test_intra_op_threads_share_the_free_cpus(monkeypatch):
+    import os
+
+    from neo_train.cli import intra_op_threads
+
+    monkeypatch.delenv("NEO_TRAIN_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert intra_op_threads(1)[0] == 8 and intra_op_threads(2)[0] == 4 and intra_op_threads(16)[0] == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.2, 0.0, 0.0))  # others keep 6 CPUs busy
+    assert intra_op_threads(1)[0] == 2 and intra_op_threads(2)[0] == 1
+    monkeypatch.setenv("NEO_TRAIN_THREADS", "3")
+    assert intra_op_threads(2) == (3, "NEO_TRAIN_THREADS")
