@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--collective-rules", help="schedule algorithms per collective/size, e.g. 'all_to_all_v:opera, all_reduce:ring'")
     t.add_argument("--hosts-per-rack", type=int, help="ranks per rack for the opera algorithm")
     t.add_argument("--trace-dir", help="record every collective (param comms-trace JSON) here")
+    t.add_argument("--verbose", action="store_true", help="full tracebacks (default: one line per failing rank)")
     t.add_argument("--max-restarts", type=int, default=0, help="elastic restarts after a rank fails (with --nproc; resumes from the newest checkpoint)")
 
     c = sub.add_parser("config", help="print or write a preset as TOML")
@@ -150,10 +151,24 @@ def _launch_local(nproc: int, argv: Sequence[str], max_restarts: int = 0) -> int
             continue
         rest.append(a)
     print(f"neo-train: starting {nproc} local ranks with torchrun", flush=True)
+    # each rank sets its intra-op threads itself (intra_op_threads); this only keeps torchrun
+    # from warning that it chose 1 for them
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    verbose = "--verbose" in argv
+    if not verbose:  # the ranks say what went wrong, one line each; torchrun's dump is noise
+        import logging
+
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         torchrun(["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "-m", "neo_train", *rest])
-    except Exception as e:  # torchrun raises ChildFailedError naming the failed rank
-        print(f"neo-train: error: {e}", file=sys.stderr)
+    except Exception as e:  # torchrun raises ChildFailedError naming the failed ranks
+        failures = getattr(e, "failures", None)
+        if failures and not verbose:
+            codes = ", ".join(f"rank {r}: exit code {f.exitcode}" for r, f in sorted(failures.items()))
+            print(f"neo-train: error: the job failed ({codes}); the ranks' errors are above (--verbose for tracebacks)",
+                  file=sys.stderr)
+        else:
+            print(f"neo-train: error: {e}", file=sys.stderr)
         return 1
     return 0
 
@@ -388,11 +403,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,
                 "replay": replay_command, "simulate": simulate_command}
+    from .comm import CollectiveError
+
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"neo-train: error: {e}", file=sys.stderr)
         return 2
+    except CollectiveError as e:  # a peer died or hung: one line naming this rank and the collective
+        if getattr(args, "verbose", False):
+            raise
+        print(f"neo-train: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -57,3 +57,22 @@ def test_intra_op_threads_share_the_free_cpus(monkeypatch):
     assert intra_op_threads(1)[0] == 2 and intra_op_threads(2)[0] == 1
     monkeypatch.setenv("NEO_TRAIN_THREADS", "3")
     assert intra_op_threads(2) == (3, "NEO_TRAIN_THREADS")
+
+
+def test_a_dead_rank_is_one_line_per_rank(tmp_path):
+    """When a rank dies the survivors' CollectiveError is one line naming the collective and the
+    rank, plus one summary line; no traceback without --verbose."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NEO_TRAIN_FAIL_AT": "2:1"}
+    r = subprocess.run([sys.executable, "-m", "neo_train", "train", "--preset", "tiny", "--steps", "6", "--timeout", "5",
+                        "--log-dir", "none", "--no-progress", "--batch-size", "16", "--sharding", "table_wise"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 1
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert any("on rank 0" in line and "a peer may have died" in line for line in err), r.stderr
+    assert err[-1].startswith("neo-train: error: the job failed") and "rank 1: exit code 17" in err[-1], r.stderr
+    assert len(err) <= 3, r.stderr
