@@ -3,10 +3,13 @@
     create_embedding_bag(None, tables, optimizer)        # the default for the device
     create_embedding_bag("reference", tables, optimizer)  # a named one, or ValueError saying why not
 
-Default priority: "triton" on CUDA (when one is registered and imports), then "fbgemm" when
-fbgemm_gpu imports, else "reference". Availability checks run once and are cached; an optional
-library that fails to import with any exception (ImportError, OSError from a missing .so,
-RuntimeError from a torch-version mismatch) makes its backend unavailable, never the package.
+Default ("auto"): on CPU "fbgemm" when fbgemm_gpu imports, else "reference". On CUDA "triton"
+only once the GPU test tier (``pytest -m gpu``, tests/test_gpu.py) has passed on a real GPU and
+``TRITON_GPU_VERIFIED`` below records it; until then "fbgemm" when a CUDA build of fbgemm_gpu
+imports, else "reference". ``default_backend_reason(device)`` says why. Availability checks run
+once and are cached; an optional library that fails to import with any exception (ImportError,
+OSError from a missing .so, RuntimeError from a torch-version mismatch) makes its backend
+unavailable, never the package.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ __all__ = [
     "registered_backends",
     "available_backends",
     "default_backend",
+    "default_backend_reason",
     "create_embedding_bag",
     "backend_report",
     "backend_unavailable_reason",
@@ -33,6 +37,11 @@ __all__ = [
 BackendFactory = Callable[..., FusedEmbeddingBag]
 _PRIORITY_CUDA: tuple[str, ...] = ("triton", "fbgemm", "reference")
 _PRIORITY_CPU: tuple[str, ...] = ("fbgemm", "reference")
+
+TRITON_GPU_VERIFIED: dict[str, str] | None = None
+"""Where and when the GPU tier last passed with the triton backend, e.g. {"gpu": "H100 80GB HBM3",
+"date": "2026-11-22"}; None: never, so ``auto`` on CUDA does not pick triton (it still runs when
+named). Set it in the commit that records a passing ``pytest -m gpu`` run on a real GPU."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +88,48 @@ def backend_unavailable_reason(name: str) -> str:
     return "" if _is_available(name) else _BACKENDS[name].reason()
 
 
+def _passed_over(name: str, device_type: str) -> str:
+    """Why ``auto`` passes over ``name`` on this device type ("" when it would take it)."""
+    if name not in _BACKENDS:
+        return "not registered"
+    if not _is_available(name):
+        return _BACKENDS[name].reason()
+    if device_type == "cuda":
+        if name == "triton" and TRITON_GPU_VERIFIED is None:
+            return (
+                "not yet verified on a GPU (run pytest -m gpu on one, then set "
+                "kernels.registry.TRITON_GPU_VERIFIED)"
+            )
+        if name == "fbgemm":
+            return _fbgemm_cuda_reason()
+    return ""
+
+
+def _choose(device: torch.device | str) -> tuple[str, list[str]]:
+    """(the default backend for ``device``, "name: why not" for each one passed over first)."""
+    device_type = torch.device(device).type
+    passed: list[str] = []
+    for name in _PRIORITY_CUDA if device_type == "cuda" else _PRIORITY_CPU:
+        why = _passed_over(name, device_type)
+        if not why:
+            return name, passed
+        passed.append(f"{name}: {why}")
+    return "reference", passed
+
+
 def default_backend(device: torch.device | str = "cpu") -> str:
-    """The fastest available backend for ``device``."""
-    priority = _PRIORITY_CUDA if torch.device(device).type == "cuda" else _PRIORITY_CPU
-    for name in priority:
-        if name in _BACKENDS and _is_available(name):
-            return name
-    return "reference"
+    """The fastest available backend for ``device`` that ``auto`` may pick (see the module docstring)."""
+    return _choose(device)[0]
+
+
+def default_backend_reason(device: torch.device | str = "cpu") -> str:
+    """Why ``default_backend(device)`` is what it is, e.g. on CUDA: "triton: not yet verified on a
+    GPU (...); fbgemm: fbgemm_gpu failed to import (...); using reference"."""
+    name, passed = _choose(device)
+    note = ""
+    if name == "triton" and TRITON_GPU_VERIFIED is not None:
+        note = f" (GPU tier passed on {TRITON_GPU_VERIFIED.get('gpu', '?')}, {TRITON_GPU_VERIFIED.get('date', '?')})"
+    return "; ".join([*passed, f"using {name}{note}"])
 
 
 def create_embedding_bag(
@@ -119,12 +163,13 @@ def create_embedding_bag(
 
 
 def backend_report(device: torch.device | str = "cpu") -> str:
-    """One line for logs, e.g. 'kernel backends: reference, fbgemm (default: fbgemm)'."""
+    """One line for logs, e.g. 'kernel backends: reference, fbgemm (default: fbgemm); default on
+    cpu: using fbgemm'."""
     line = f"kernel backends: {', '.join(available_backends())} (default: {default_backend(device)})"
     missing = [n for n in _BACKENDS if not _is_available(n)]
     if missing:
         line += "; unavailable: " + "; ".join(f"{n} ({backend_unavailable_reason(n)})" for n in missing)
-    return line
+    return line + f"; default on {torch.device(device).type}: {default_backend_reason(device)}"
 
 
 # ---- built-in backends ---------------------------------------------------------------------
@@ -136,6 +181,19 @@ def _fbgemm_probe() -> str:
     except Exception as e:  # noqa: BLE001 - OSError/RuntimeError are as common as ImportError
         first_line = (str(e).strip().splitlines() or [""])[0][:200]
         return f"fbgemm_gpu failed to import ({type(e).__name__}: {first_line})"
+    return ""
+
+
+@functools.cache
+def _fbgemm_cuda_reason() -> str:
+    """"" when the importable fbgemm_gpu has CUDA kernels, else why not (its CPU-only build,
+    fbgemm-gpu-cpu, reports ``__variant__ == "cpu"``)."""
+    try:
+        variant = str(getattr(importlib.import_module("fbgemm_gpu"), "__variant__", ""))
+    except Exception as e:  # noqa: BLE001 - as in _fbgemm_probe
+        return f"fbgemm_gpu failed to import ({type(e).__name__})"
+    if variant.lower() == "cpu":
+        return "fbgemm_gpu is its CPU-only build (variant 'cpu'): no CUDA kernels"
     return ""
 
 

@@ -264,7 +264,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"neo-train: {cfg.name} | {len(cfg.model.tables)} tables, "
         f"{cfg.model.num_embedding_params / 1e6:.2f}M embedding params | {world} rank(s), device {device} | "
-        f"kernel backend {trainer.backend} ({backend_report()})", flush=True)
+        f"kernel backend {trainer.backend} ({backend_report(device)})", flush=True)
     say(f"neo-train: {threads} intra-op thread(s) per rank ({why}; NEO_TRAIN_THREADS overrides)", flush=True)
     if plan is not None:
         say(plan.describe() if len(plan.tables) <= 40 else f"plan: {len(plan.tables)} tables over {world} ranks")

@@ -29,3 +29,31 @@ def test_embedding_benchmark_quick(tmp_path: Path) -> None:
             assert any(i.startswith(f"{backend} (") for i in impls), (backend, impls)
     for r in report["rows"]:
         assert r["fwd_ms"] > 0 and r["step_ms"] > 0 and r["step_bytes"] > r["fwd_bytes"] > 0
+
+
+def test_gpu_suite_smoke_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/gpu_suite.py --device cpu --quick: the whole suite end to end on the CPU (the
+    reference backend stands in for triton), labelled a smoke run, JSON and PNG written."""
+    out, png = tmp_path / "gpu_suite.json", tmp_path / "gpu_suite.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--device", "cpu", "--quick",
+         "--json", str(out), "--png", str(png)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SMOKE RUN" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["smoke"] is True and report["device"] == "cpu" and report["all_goals_pass"] is None
+    assert {"suite", "machine", "args", "copy_gbs", "tbe", "training", "goals"} <= set(report)
+    assert report["copy_gbs"] > 0
+    tbe = report["tbe"]
+    assert [r["key"] for r in tbe["rows"]] == ["fused", "per_table", "batched"]
+    for r in tbe["rows"]:
+        assert r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["bwd_bytes"] > 0 and r["fwd_frac"] > 0
+    assert all(v < 1e-4 for v in tbe["checks"].values()), tbe["checks"]
+    training = report["training"]
+    assert [r["key"] for r in training["rows"]] == ["neo_train", "plain"]
+    assert all(r["samples_per_s"] > 0 for r in training["rows"]) and training["speedup"] > 0
+    assert training["first_loss_abs_diff"] < 1e-4  # the same model on the same first batch
+    assert [g["pass"] for g in report["goals"]] == [None, None, None]
+    assert png.stat().st_size > 10_000
