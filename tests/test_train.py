@@ -51,8 +51,12 @@ def test_nan_loss_stops_and_names_the_step():
                 b = Batch(torch.full_like(b.dense, float("nan")), b.sparse, b.labels)
             yield b
 
-    with pytest.raises(FloatingPointError, match="at step 3"):
+    # the input checks name the field first; without them the loss check still stops the run
+    with pytest.raises(ValueError, match=r"dense features hold non-finite values \(nan\) \(the batch of step 3\)"):
         Trainer(cfg, progress=False, train_data=batches()).run()
+    unchecked = cfg.replace(train=cfg.train.replace(check_inputs=False))
+    with pytest.raises(FloatingPointError, match="at step 3"):
+        Trainer(unchecked, progress=False, train_data=batches()).run()
 
 
 def test_cli_train_writes_metrics_and_tensorboard(tmp_path, capsys):
@@ -89,5 +93,8 @@ def test_labels_outside_0_1_are_an_error(label):
     data = SyntheticData(cfg.model, cfg.data, cfg.train.batch_size)
     b = data.batch(0)
     bad = Batch(b.dense, b.sparse, torch.full_like(b.labels, label))
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 1\]; got .* \(the batch of step 0\)"):
         Trainer(cfg, progress=False).train_step(bad, 0)
+    empty = Batch(b.dense[:0], SyntheticData(cfg.model, cfg.data, 0).batch(0).sparse, b.labels[:0])
+    with pytest.raises(ValueError, match="the batch is empty"):
+        Trainer(cfg, progress=False).train_step(empty, 0)

@@ -81,8 +81,9 @@ class _Loaded:
 
 
 class TrainPipeline:
-    def __init__(self, trainer: Any, data: Iterator[Batch] | None = None) -> None:
+    def __init__(self, trainer: Any, data: Iterator[Batch] | None = None, first_step: int = 0) -> None:
         self.trainer = trainer
+        self._load_step = first_step  # the step of the next batch the loader reads
         self.timer = trainer.timer
         self.data = data if data is not None else trainer.train_data
         self.ebc = trainer.model.embeddings
@@ -104,7 +105,8 @@ class TrainPipeline:
         except StopIteration:
             return None
         t1 = time.perf_counter()
-        batch = self.trainer.check_batch(batch)
+        step, self._load_step = self._load_step, self._load_step + 1
+        batch = self.trainer.check_batch(batch, step)
         t2 = time.perf_counter()
         if self._copy_stream is None:
             return _Loaded(batch.to(self.device), None, t2 - t1, t1 - t0)

@@ -176,21 +176,28 @@ class Trainer:
             "tables": {t.name: {"weight": ebc.table(t.name), **ebc.table_state(t.name)} for t in ebc.tables},
         }
 
-    def check_batch(self, batch: Batch) -> Batch:
-        """The host-side input checks (feature names always; lengths, id ranges and label values
-        with ``train.check_inputs``; the modulo id mapping), before the batch goes to the device,
-        so on a GPU they cost no device sync. Raises ValueError naming the feature and rank."""
+    def check_batch(self, batch: Batch, step: int | None = None) -> Batch:
+        """The host-side input checks (feature names always; with ``train.check_inputs`` also an
+        empty batch, non-finite dense values / labels / weights, labels outside [0, 1], bag
+        lengths and id ranges; the modulo id mapping), before the batch goes to the device, so
+        on a GPU they cost no device sync. Raises ValueError naming the field, rank and step."""
         check = self.cfg.train.check_inputs
-        sparse = self.model.embeddings.validate(batch.sparse, check=check)
-        if check and batch.labels.numel() and bool(((batch.labels < 0) | (batch.labels > 1)).any()):
-            bad = batch.labels[(batch.labels < 0) | (batch.labels > 1)][0]
-            raise ValueError(f"labels must lie in [0, 1]{self._where()}; got {float(bad)}")
+        at = "" if step is None else f" (the batch of step {step})"
+        try:
+            sparse = self.model.embeddings.validate(batch.sparse, check=check)  # its errors name the rank
+        except ValueError as e:
+            raise ValueError(f"{e}{at}") from None
+        if check:
+            try:
+                _check_values(batch)
+            except ValueError as e:
+                raise ValueError(f"{e}{self._where()}{at}") from None
         return batch if sparse is batch.sparse else Batch(batch.dense, sparse, batch.labels)
 
-    def prepare(self, batch: Batch) -> Batch:
+    def prepare(self, batch: Batch, step: int | None = None) -> Batch:
         """A host batch checked (timed as ``check_inputs``) and on the training device."""
         with self.timer("check_inputs"):
-            batch = self.check_batch(batch)
+            batch = self.check_batch(batch, step)
         return batch.to(self.device)
 
     def forward_loss(self, batch: Batch, sparse_in: Any = None) -> torch.Tensor:
@@ -213,7 +220,7 @@ class Trainer:
         """One step on this rank's host batch; returns the rank-local loss as a float (a host
         sync: the training loop keeps losses on the device instead). A non-finite loss raises
         before the backward, so nothing is updated with it."""
-        batch = self.prepare(batch)
+        batch = self.prepare(batch, step)
         loss = self.forward_loss(batch)
         value = float(loss.detach())
         if not math.isfinite(value):
@@ -314,7 +321,7 @@ class Trainer:
             result.losses.extend(losses)
             bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
 
-        pipe = TrainPipeline(self) if t.pipeline else None
+        pipe = TrainPipeline(self, first_step=start) if t.pipeline else None
         try:
             for step in range(start, t.steps):
                 t0 = time.perf_counter()
@@ -331,7 +338,7 @@ class Trainer:
                     data_s = time.perf_counter() - t0
                     self.timer.add("data", data_s)
                     t0 += data_s
-                    loss = self.forward_loss(self.prepare(batch))
+                    loss = self.forward_loss(self.prepare(batch, step))
                     self.backward_step(loss)
                     loss = loss.detach()
                 pending.append(loss)
@@ -424,6 +431,21 @@ class Trainer:
             for k in ("auc", "ne", "log_loss"):
                 self.writer.add_scalar(f"eval/{k}", m[k], step)
         return m
+
+
+def _check_values(batch: Batch) -> None:
+    """ValueError naming the field: an empty batch, NaN/Inf in dense values, labels or weights,
+    labels outside [0, 1]."""
+    if batch.batch_size == 0:
+        raise ValueError("the batch is empty (0 samples)")
+    fields = {"dense features": batch.dense, "labels": batch.labels, "sparse weights": batch.sparse.weights}
+    for name, x in fields.items():
+        if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            bad = x[~torch.isfinite(x)][0]
+            raise ValueError(f"{name} hold non-finite values ({float(bad)})")
+    lb = batch.labels
+    if bool(((lb < 0) | (lb > 1)).any()):
+        raise ValueError(f"labels must lie in [0, 1]; got {float(lb[(lb < 0) | (lb > 1)][0])}")
 
 
 def _progress(total: int, enabled: bool, initial: int = 0):
