@@ -76,3 +76,9 @@ def test_a_dead_rank_is_one_line_per_rank(tmp_path):
     assert any("on rank 0" in line and "a peer may have died" in line for line in err), r.stderr
     assert err[-1].startswith("neo-train: error: the job failed") and "rank 1: exit code 17" in err[-1], r.stderr
     assert len(err) <= 3, r.stderr
+
+
+def test_replay_of_a_missing_trace_is_one_line(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "nosuchdir")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such trace file" in err[0], err

@@ -277,6 +277,8 @@ def replay_command(args: argparse.Namespace) -> int:
 
     paths = [str(p) for p in resolve_traces(args.traces)]
     parse_rules(args.rules)  # fail on bad rules before starting processes
+    if "RANK" not in os.environ:  # bad trace files: one error line here, not one per rank
+        check_traces([load_trace(p) for p in paths], paths)
     hint = _hint(args)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from .native import init_distributed
