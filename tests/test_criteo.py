@@ -285,3 +285,22 @@ def test_reader_ids_fit_their_tables(tmp_path: Path, model: ModelConfig) -> None
     for batch in CriteoReader(p, model, 100):
         for f, (vals, _, _) in enumerate(batch.sparse.by_feature().values()):
             assert vals.numel() == 0 or (0 <= int(vals.min()) and int(vals.max()) < rows[f])
+
+
+def test_damaged_gzip_and_huge_fields_name_the_file(tmp_path):
+    from neo_train.config import preset
+    from neo_train.data.criteo import CriteoReader, write_synthetic_criteo_tsv
+
+    model = preset("criteo_kaggle", row_scale=1e-4).model
+    gz = tmp_path / "d.tsv.gz"
+    write_synthetic_criteo_tsv(gz, 400, seed=1)
+    data = gz.read_bytes()
+    gz.write_bytes(data[: len(data) // 2])  # truncated mid-stream
+    with pytest.raises(ValueError, match=r"d\.tsv\.gz: cannot read past line .*damaged gzip"):
+        list(CriteoReader(gz, model, 16, 0, 1))
+    big = tmp_path / "big.tsv"
+    fields = ["1"] + ["2"] * 13 + ["x" * 1_000_000] + ["a1"] * 25
+    big.write_text("\t".join(fields) + "\n")
+    with pytest.raises(ValueError) as err:
+        list(CriteoReader(big, model, 1, 0, 1))
+    assert "big.tsv, line 1" in str(err.value) and len(str(err.value)) < 400 and "1,000,000 bytes" in str(err.value)

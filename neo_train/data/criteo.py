@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import gzip
 import itertools
+import zlib
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -152,9 +153,9 @@ class CriteoReader:
         self.global_batch_index = g
         with _open_binary(self.path) as f:
             # Skipping still reads the lines (a text file has no line index), but parses none.
-            collections.deque(itertools.islice(f, g * gb), maxlen=0)
+            self._read(lambda: collections.deque(itertools.islice(f, g * gb), maxlen=0), g * gb)
             while True:
-                lines = list(itertools.islice(f, gb))
+                lines = self._read(lambda: list(itertools.islice(f, gb)), g * gb)
                 n = len(lines)
                 if n == 0 or (n < gb and self.drop_last):
                     return
@@ -168,12 +169,22 @@ class CriteoReader:
                 if n < gb:
                     return
 
+    def _read(self, read, line: int):
+        """Run a read of the file; a damaged gzip stream (or an unreadable file) is a ValueError
+        naming the file and about where, not a bare EOFError / BadGzipFile."""
+        try:
+            return read()
+        except (EOFError, OSError, zlib.error) as e:
+            raise ValueError(f"{self.path}: cannot read past line ~{line + 1}: {type(e).__name__}: {e} "
+                             f"(a truncated or damaged gzip file?)") from None
+
     # ---- parsing --------------------------------------------------------------------------------
     def _error(self, line: int, msg: str) -> ValueError:
         return ValueError(f"{self.path}, line {line}: {msg}")
 
     def _field_error(self, line: int, col: int, field: bytes, why: str) -> ValueError:
-        return self._error(line, f"column {col + 1} ({COLUMN_NAMES[col]}): {why}, got {field!r}")
+        shown = repr(field) if len(field) <= 64 else f"{field[:48]!r}... ({len(field):,} bytes)"
+        return self._error(line, f"column {col + 1} ({COLUMN_NAMES[col]}): {why}, got {shown}")
 
     def _parse(self, lines: list[bytes], first_line: int) -> Batch:
         """Parse B raw lines (with their newlines) into a Batch; ``first_line`` is 1-based."""
