@@ -268,7 +268,15 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     say(f"neo-train: {threads} intra-op thread(s) per rank ({why}; NEO_TRAIN_THREADS overrides)", flush=True)
     if plan is not None:
         say(plan.describe() if len(plan.tables) <= 40 else f"plan: {len(plan.tables)} tables over {world} ranks")
-    result = trainer.run()
+    try:
+        result = trainer.run()
+    except Exception:
+        # no run loses what it did: the summary and metrics of the steps trained so far
+        say(trainer.result.summary())
+        if args.metrics_out and rank == 0:
+            trainer.result.to_json(args.metrics_out)
+            say(f"metrics (of the failed run) written to {args.metrics_out}")
+        raise
     say(result.summary())
     if result.step_ms and world > 1:
         say("step time (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result.step_ms.items()))

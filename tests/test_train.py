@@ -98,3 +98,19 @@ def test_labels_outside_0_1_are_an_error(label):
     empty = Batch(b.dense[:0], SyntheticData(cfg.model, cfg.data, 0).batch(0).sparse, b.labels[:0])
     with pytest.raises(ValueError, match="the batch is empty"):
         Trainer(cfg, progress=False).train_step(empty, 0)
+
+
+def test_a_failing_run_still_writes_its_summary_and_metrics(tmp_path, capsys):
+    """The Criteo file runs out mid-run: what was trained is reported and written, rc 2."""
+    from neo_train.data.criteo import write_synthetic_criteo_tsv
+
+    data = tmp_path / "d.tsv"
+    write_synthetic_criteo_tsv(data, 16 * 5, seed=0)
+    out = tmp_path / "m.json"
+    rc = main(["train", "--nproc", "1", "--preset", "criteo_kaggle", "--row-scale", "1e-4", "--data", "criteo",
+               "--data-path", str(data), "--eval-path", str(data), "--steps", "9", "--batch-size", "16",
+               "--log-dir", "none", "--no-progress", "--backend", "reference", "--metrics-out", str(out)])
+    assert rc == 2
+    m = json.loads(out.read_text())
+    assert "ran out at step 5" in m["error"] and 0 < len(m["losses"]) <= 5, m
+    assert "FAILED after" in capsys.readouterr().out

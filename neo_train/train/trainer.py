@@ -50,6 +50,7 @@ class TrainResult:
     train_seconds: float = 0.0
     samples_per_s: float = 0.0
     step_ms: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # set when the run failed: what it trained is still recorded above
 
     def to_json(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +63,7 @@ class TrainResult:
             f"backend={self.backend} final_loss={self.losses[-1] if self.losses else float('nan'):.4f} "
             f"eval_auc={e.get('auc', float('nan')):.4f} eval_ne={e.get('ne', float('nan')):.4f} "
             f"eval_logloss={e.get('log_loss', float('nan')):.4f} samples/s={self.samples_per_s:,.0f}"
-        )
+        ) + (f" FAILED after {len(self.losses)} step(s): {self.error}" if self.error else "")
 
 
 def sparse_optimizer_spec(t: TrainConfig) -> SparseOptimizerSpec:
@@ -290,8 +291,21 @@ class Trainer:
         return binary_metrics(lg, lb)
 
     def run(self) -> TrainResult:
+        """Train ``train.steps`` steps (resuming from a checkpoint when there is one), evaluate,
+        return the result. On failure ``self.result`` still holds what was done (the losses read
+        so far, evaluations) and the error, for the summary and ``--metrics-out``."""
         t = self.cfg.train
-        result = TrainResult(self.cfg.name, self.backend, self.world_size, t.batch_size, t.steps)
+        self.result = TrainResult(self.cfg.name, self.backend, self.world_size, t.batch_size, t.steps)
+        try:
+            return self._run(self.result)
+        except BaseException as e:
+            self.result.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            if self.writer is not None:
+                self.writer.close()
+            raise
+
+    def _run(self, result: TrainResult) -> TrainResult:
+        t = self.cfg.train
         start = self._resume(result)
         if self._log_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -311,6 +325,7 @@ class Trainer:
             first = step - len(losses)
             bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
             if bad is not None:
+                result.losses.extend(losses[:bad])  # the steps before it stay recorded
                 raise FloatingPointError(
                     f"loss is {losses[bad]} at step {first + bad}{self._where()}; stopping (check learning rates and inputs)"
                 )
@@ -358,6 +373,10 @@ class Trainer:
             t0 = time.perf_counter()
             flush(t.steps)
             train_time += time.perf_counter() - t0
+        except BaseException:
+            if self.comm is None and pending:  # one process: its losses are the global ones
+                result.losses.extend(torch.stack(pending).double().tolist())
+            raise
         finally:
             if pipe is not None:
                 pipe.close()
