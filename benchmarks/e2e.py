@@ -4,9 +4,16 @@ ranks of this CPU.
     python benchmarks/e2e.py                                   # W = 2 and 4, preset small, b = 512, table-wise
     python benchmarks/e2e.py --world-sizes 2 --sharding row_wise --steps 50 --json e2e.json --plot e2e.png
     python benchmarks/e2e.py --quick --json out.json           # W = 2, preset tiny, 3 steps: a smoke test
+    python benchmarks/e2e.py --world-sizes 2 --config emb-heavy # 26 tables x 1M rows, dim 64, pooling 20-40
+    python benchmarks/e2e.py --world-sizes 2 --phases          # + per-phase wall/CPU of both frameworks
 
 What runs (each framework in its own set of W fresh processes, one after the other, per W):
-    model   the DLRM of ``--preset`` (dot interaction; DCN only when low-rank), per-rank batch b
+    model   the DLRM of ``--preset`` (dot interaction; DCN only when low-rank), or with
+            ``--config emb-heavy`` an embedding-heavy one: 26 tables of 1M rows (x ``--row-scale``;
+            1e-3 under ``--quick``), dim 64, sum pooling with mean bag sizes 20..40 (mean 30),
+            bottom MLP 13-128-64, top MLP 415-128-64-1 (memory: 6.66 GB of weights + 0.10 GB of
+            row-wise AdaGrad state over the W ranks, one framework at a time, so it fits 24 GiB
+            unscaled); per-rank batch b
             (``--batch-size``); TorchRec: ``torchrec.models.dlrm.DLRM`` (``DLRM_DCN`` for dcn) with
             the same table rows / dims / pooling (sum or mean), the same bottom MLP, and top MLP +
             1-wide logit, its EmbeddingBagCollection built on device meta and sharded by
@@ -23,10 +30,12 @@ What runs (each framework in its own set of W fresh processes, one after the oth
             fbgemm EXACT_ROWWISE_ADAGRAD) at ``sparse_lr``; TorchRec through
             ``apply_optimizer_in_backward``. Dense: ``cfg.train.dense_optimizer`` at ``dense_lr`` on
             both (TorchRec: KeyedOptimizerWrapper in a CombinedOptimizer with the fused one).
-    kernels fbgemm's CPU TBE on both (ours: ``kernel_backend="fbgemm"`` when it imports), except
-            that TorchRec runs data_parallel tables with its DENSE kernel (autograd + DDP).
-    loop    neo_train: ``Trainer.train_step`` (forward, global-mean loss all-reduce, backward with the
-            fused update and DDP all-reduce, dense step); TorchRec: ``TrainPipelineSparseDist.
+    kernels fbgemm's CPU TBE on both (ours: ``kernel_backend="fbgemm"`` when it imports; ``--backend
+            reference`` runs neo_train's pure-torch kernels instead), except that TorchRec runs
+            data_parallel tables with its DENSE kernel (autograd + DDP).
+    loop    neo_train: ``TrainPipeline.step`` (batch i+1's input dist started after batch i's forward
+            and in flight during its backward, the host-side input checks on a loader thread), or
+            with ``--no-pipeline`` ``Trainer.train_step``; TorchRec: ``TrainPipelineSparseDist.
             progress`` (which overlaps the next batch's input dist with this step).
 
 Timing: ``--warmup`` untimed steps, a barrier, then ``--steps`` timed steps; every rank times its
@@ -39,10 +48,19 @@ threads, gloo's included) of the timed loop summed over ranks, per step: with mo
 cores, throughput is bounded by cores / CPU time per sample, whatever the per-phase wall times
 say; CPU time far below cores x wall time means the ranks mostly wait on each other.
 
-neo_train's per-step breakdown comes from ``Trainer.step_breakdown`` (mean over ranks, ms/step)
-plus two columns it leaves out: the loss all-reduce (``comm:metrics``) and what no phase timer
-covers ("untimed" = step time - the rest). Phases that end in a blocking collective include the
-wait for the slowest rank, so they show where ranks wait, not only what they compute.
+neo_train's per-step breakdown comes from ``Trainer.step_breakdown`` (mean over ranks, ms/step;
+input_dist = starting the next batch's input dist + waiting for this batch's ids) plus columns it
+leaves out: the loss all-reduce (``comm:metrics``), the wait for the loader thread (data_wait) and
+what no phase timer covers ("untimed" = step time - the rest). Phases that end in a blocking
+collective include the wait for the slowest rank, so they show where ranks wait, not only what
+they compute.
+
+``--phases`` times both frameworks the same way (``PhaseTracker``): neo_train's own phase timers
+and TorchRec 1.8's pipeline / sharded-EBC / pooled all-to-all functions are wrapped; each phase's
+time is exclusive (nested phases taken out), wall and thread CPU, on the training thread
+(neo_train's loader thread is listed as thread:*); "other" is the rest of the step (zero_grad,
+bookkeeping). Data generation (outside the timed loop: both get pre-generated batches) is timed
+separately. TorchRec internals that moved are named as missing hooks instead of failing.
 
 Bytes over the wire per step, all ranks together (self-sends excluded; N_rf = ids of feature f
 on rank r, b local batch, D_f dims, s = one shard of a table, cols(s) its width):
@@ -80,7 +98,7 @@ from typing import Any, Sequence
 
 import torch
 
-from neo_train.config import Config, preset
+from neo_train.config import Config, ModelConfig, TableConfig, TrainConfig, preset
 from neo_train.data.batch import Batch
 from neo_train.data.synthetic import SyntheticData
 from neo_train.kernels import available_backends
@@ -98,7 +116,7 @@ PHASES = (
     "backward_other",
     "optimizer",
 )
-EXTRA = ("loss_allreduce", "untimed")
+EXTRA = ("loss_allreduce", "data_wait", "untimed")
 SHARDINGS = ("table_wise", "row_wise", "data_parallel", "column_wise")
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"  # inside DLRMTrain(DLRM(...))
 
@@ -110,12 +128,41 @@ class Run:
     warmup: int
     steps: int
     pipeline: bool = True
+    phases: bool = False  # --phases: the per-phase instrumentation below, on both frameworks
 
 
 # ---- shared setup -------------------------------------------------------------------------------
-def make_config(name: str, batch_size: int, steps: int) -> Config:
-    cfg = preset(name)
-    backend = "fbgemm" if "fbgemm" in available_backends() else "reference"
+# The embedding-heavy configuration (``--config emb-heavy``): 26 tables (Criteo's count) of 1M rows,
+# dim 64, sum pooling with mean bag sizes spread evenly over 20..40 (mean 30), a small dense part.
+# Memory at row_scale 1: weights 26 * 1M * 64 * 4 B = 6.66 GB, row-wise AdaGrad state 26 * 1M * 4 B
+# = 0.10 GB, split over the W ranks; the two frameworks run one after the other in fresh processes,
+# so TorchRec's copy never coexists with ours, and 1M rows fit a 24 GiB machine unscaled.
+EMB_HEAVY_TABLES, EMB_HEAVY_ROWS, EMB_HEAVY_DIM, EMB_HEAVY_POOLING = 26, 1_000_000, 64, (20.0, 40.0)
+CONFIGS = ("preset", "emb-heavy")
+
+
+def emb_heavy_config(row_scale: float = 1.0) -> Config:
+    """The ``emb-heavy`` model (see EMB_HEAVY_*); ``row_scale`` multiplies the rows (min 1)."""
+    n, (lo, hi) = EMB_HEAVY_TABLES, EMB_HEAVY_POOLING
+    rows = max(1, int(round(EMB_HEAVY_ROWS * row_scale)))
+    tables = tuple(
+        TableConfig(f"e{i}", rows, EMB_HEAVY_DIM, pooling="sum", pooling_factor=round(lo + (hi - lo) * i / (n - 1), 2))
+        for i in range(n)
+    )
+    model = ModelConfig(tables, num_dense_features=13, bottom_mlp=(128, EMB_HEAVY_DIM), top_mlp=(128, 64),
+                        interaction="dot")  # fmt: skip
+    return Config(model, TrainConfig(batch_size=512, steps=30), name="emb-heavy")
+
+
+def make_config(name: str, batch_size: int, steps: int, config: str = "preset", row_scale: float = 1.0,
+                backend: str = "auto") -> Config:  # fmt: skip
+    """``config`` "preset": the preset ``name``; "emb-heavy": ``emb_heavy_config(row_scale)``.
+    ``backend`` "auto": fbgemm when it imports, else reference (neo_train's kernels)."""
+    if config not in CONFIGS:
+        raise ValueError(f"config must be one of {CONFIGS}, got {config!r}")
+    cfg = emb_heavy_config(row_scale) if config == "emb-heavy" else preset(name, row_scale)
+    if backend == "auto":
+        backend = "fbgemm" if "fbgemm" in available_backends() else "reference"
     train = cfg.train.replace(batch_size=batch_size, steps=steps, kernel_backend=backend)
     return cfg.replace(train=train)
 
@@ -154,16 +201,162 @@ def a2a_ceiling_gbs(comm, mbytes_per_peer: float = 4.0, repeats: int = 5) -> flo
     return W * (W - 1) * n * 4 / worst / 1e9
 
 
+# ---- per-phase instrumentation (--phases) ---------------------------------------------------------
+# Both frameworks get the same accounting: a phase is entered/left around a function (or, for
+# neo_train, around its own PhaseTimer phases); time is exclusive (a nested phase's time is taken
+# out of its parent), per thread, wall (time.perf_counter) and CPU (time.thread_time); only the
+# timed loop counts. "main" is the training thread; anything else (neo_train's loader thread) is
+# booked under its own phase names. gloo's worker threads are in neither (they are in CPU ms/step).
+PHASE_ROWS = ("input_dist", "lookup", "output_dist", "dense_forward", "emb_comm_bwd", "backward_other",
+              "optimizer", "other")  # fmt: skip
+
+
+class PhaseTracker:
+    def __init__(self) -> None:
+        import threading
+
+        self._local = threading.local()
+        self._main = threading.main_thread()
+        self.active = False
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.missing: list[str] = []  # hooks that could not be installed (internals moved)
+
+    def __call__(self, phase: str):
+        import contextlib
+        import threading
+
+        @contextlib.contextmanager
+        def span():
+            stack = self._local.__dict__.setdefault("stack", [])
+            rec = [time.perf_counter(), time.thread_time(), 0.0, 0.0]
+            stack.append(rec)
+            try:
+                yield
+            finally:
+                stack.pop()
+                w, c = time.perf_counter() - rec[0], time.thread_time() - rec[1]
+                if stack:  # the parent loses this span's time
+                    stack[-1][2] += w
+                    stack[-1][3] += c
+                if self.active:
+                    key = phase if threading.current_thread() is self._main else f"thread:{phase}"
+                    self.wall[key] = self.wall.get(key, 0.0) + w - rec[2]
+                    self.cpu[key] = self.cpu.get(key, 0.0) + c - rec[3]
+
+        return span()
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        """Book every call of ``owner.name`` (a function, method or staticmethod) under ``phase``."""
+        import functools
+
+        raw = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        if raw is None:
+            self.missing.append(f"{getattr(owner, '__name__', owner)}.{name}")
+            return
+        fn = raw.__func__ if isinstance(raw, staticmethod) else raw
+
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            with self(phase):
+                return fn(*a, **k)
+
+        setattr(owner, name, staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped)
+
+    def result(self, steps: int) -> dict[str, Any]:
+        per = lambda d: {k: 1e3 * v / steps for k, v in sorted(d.items())}  # noqa: E731
+        return {"wall_ms": per(self.wall), "cpu_ms": per(self.cpu), "missing_hooks": self.missing}
+
+
+def instrument_neo(tracker: PhaseTracker) -> None:
+    """neo_train's own phase timers (their names are the trainer's step_breakdown) + its collectives'
+    backward exchanges + the pipeline step (the rest of the step lands in "other")."""
+    import contextlib
+
+    from neo_train.comm import autograd as comm_autograd
+    from neo_train.train import pipeline as neo_pipeline
+    from neo_train.train.timing import PhaseTimer
+
+    names = {"pipeline_wait": "input_dist", "input_dist": "input_dist", "lookup": "lookup",
+             "output_dist": "output_dist", "forward": "dense_forward", "backward": "backward_other",
+             "optimizer": "optimizer", "check_inputs": "input_checks"}  # fmt: skip
+    orig = PhaseTimer.__call__
+
+    @contextlib.contextmanager
+    def timed(self, phase):
+        with tracker(names.get(phase, phase)), orig(self, phase):
+            yield
+
+    PhaseTimer.__call__ = timed
+    tracker.wrap(neo_pipeline.TrainPipeline, "step", "other")
+    tracker.wrap(neo_pipeline.TrainPipeline, "_load", "data_load")
+    for cls in ("_AllToAllV", "_AllToAllVWait", "_ReduceScatterV", "_AllGatherV"):
+        if hasattr(comm_autograd, cls):
+            tracker.wrap(getattr(comm_autograd, cls), "backward", "emb_comm_bwd")
+
+
+def instrument_torchrec(tracker: PhaseTracker) -> None:
+    """TorchRec 1.8's pipeline stages, sharded EBC stages and pooled all-to-all backward."""
+    from torchrec.distributed import comm_ops
+    from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionAwaitable, ShardedEmbeddingBagCollection
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.train_pipeline.runtime_forwards import PipelinedForward
+    from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSparseDist
+
+    w = tracker.wrap
+    w(TrainPipelineSparseDist, "progress", "other")
+    for n in ("start_sparse_data_dist", "wait_sparse_data_dist", "_wait_for_batch"):
+        w(TrainPipelineSparseDist, n, "input_dist")
+    w(PipelinedForward, "__call__", "input_dist")  # its wait for the ids; the lookup etc. nest inside
+    w(DistributedModelParallel, "forward", "dense_forward")  # exclusive: what the embedding stages leave
+    w(ShardedEmbeddingBagCollection, "compute_and_output_dist", "output_dist")
+    w(GroupedPooledEmbeddingsLookup, "forward", "lookup")
+    w(EmbeddingBagCollectionAwaitable, "_wait_impl", "output_dist")
+    w(TrainPipelineSparseDist, "_backward", "backward_other")
+    for cls in ("All2All_Pooled_Req", "All2All_Pooled_Wait"):
+        w(getattr(comm_ops, cls), "backward", "emb_comm_bwd")
+    w(TrainPipelineSparseDist, "_optimizer_step", "optimizer")
+
+
+def data_generation_ms(cfg: Config, world_size: int, n: int = 5) -> dict[str, float]:
+    """Median ms to generate one rank's batch (and to wrap it as a KJT for TorchRec); both
+    frameworks get pre-generated batches here, so this is outside the timed loop."""
+    t = cfg.train
+    data = SyntheticData(cfg.model, cfg.data, t.batch_size, seed=t.seed, rank=0, world_size=world_size)
+    gen, kjt = [], []
+    for s in range(n):
+        t0 = time.perf_counter()
+        b = data.batch(s)
+        t1 = time.perf_counter()
+        try:
+            b.sparse.to_kjt()
+        except Exception:  # noqa: BLE001 - no torchrec: no KJT time
+            pass
+        gen.append(t1 - t0)
+        kjt.append(time.perf_counter() - t1)
+    return {"synthetic_batch": 1e3 * sorted(gen)[n // 2], "to_kjt": 1e3 * sorted(kjt)[n // 2]}
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return make_config(args.preset, args.batch_size, args.steps, args.config, args.row_scale, args.backend)
+
+
 # ---- neo_train on one rank ------------------------------------------------------------------------
 def neo_rank(comm, run: Run) -> dict[str, Any]:
     from neo_train.train.trainer import Trainer
 
     cfg, W = run.cfg, comm.world_size
-    # the pipeline prefetches one batch ahead: one spare batch keeps it full through the last step
+    tracker = PhaseTracker()
+    if run.phases:
+        instrument_neo(tracker)
+    # the pipeline starts the next batch's input dist in every step: one spare batch keeps that
+    # work in the last timed step too
     batches = local_batches(cfg, comm.rank, W, run.warmup + run.steps + 1)
     trainer = Trainer(cfg, comm=comm, plan=run.plan, progress=False, train_data=batches)
-    if run.pipeline:  # neo_train's TrainPipeline: next batch's input dist in the background
-        from neo_train.parallel import TrainPipeline
+    pipe = None
+    if run.pipeline:  # neo_train's TrainPipeline: batch i+1's input dist in flight during i's backward
+        from neo_train.train.pipeline import TrainPipeline
 
         pipe = TrainPipeline(trainer, iter(batches))
         step_fn = pipe.step
@@ -171,24 +364,27 @@ def neo_rank(comm, run: Run) -> dict[str, Any]:
         step_fn = lambda s: trainer.train_step(batches[s], s)  # noqa: E731
     for s in range(run.warmup):
         step_fn(s)
-    if run.pipeline:
-        pipe.drain()
-    comm.barrier()
+    comm.barrier()  # (a pipelined input dist still in flight runs on its own process group)
     trainer.timer.reset()
+    tracker.active = run.phases
     t0, c0 = time.perf_counter(), time.process_time()
-    loss = float("nan")
+    loss: Any = float("nan")
     for s in range(run.warmup, run.warmup + run.steps):
         loss = step_fn(s)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if run.pipeline:
+    tracker.active = False
+    if pipe is not None:
         pipe.close()
     totals = trainer.timer.totals()
     breakdown = trainer.step_breakdown(run.steps)
     step_ms = 1e3 * elapsed / run.steps
-    extra = {"loss_allreduce": 1e3 * totals.get("comm:metrics", 0.0) / run.steps}
-    if run.pipeline:  # on the critical path the step only waited for the background input dist
-        breakdown["input_dist"] = breakdown["pipeline_wait"]
-    extra["untimed"] = step_ms - sum(breakdown[k] for k in PHASES) - extra["loss_allreduce"]
+    extra = {
+        "loss_allreduce": 1e3 * totals.get("comm:metrics", 0.0) / run.steps,
+        "data_wait": breakdown.get("data_wait", 0.0),  # the step waiting for the loader thread
+    }
+    # on the critical path: starting the next batch's input dist and waiting for this batch's ids
+    breakdown["input_dist"] = breakdown.get("input_dist", 0.0) + breakdown.get("pipeline_wait", 0.0)
+    extra["untimed"] = step_ms - sum(breakdown[k] for k in PHASES) - extra["loss_allreduce"] - extra["data_wait"]
     return {
         "rank": comm.rank,
         "seconds": elapsed,
@@ -197,11 +393,12 @@ def neo_rank(comm, run: Run) -> dict[str, Any]:
         "breakdown": breakdown,
         "extra": extra,
         "timer_ms_per_step": {k: 1e3 * v / run.steps for k, v in sorted(totals.items())},
-        "last_loss": loss,
+        "last_loss": float(loss),
         "backend": trainer.backend,
         "dense_params": sum(p.numel() for p in trainer.model.dense_parameters()),
         "ids_per_feature": ids_per_feature(batches[run.warmup :]),
         "a2a_ceiling_gbs": a2a_ceiling_gbs(comm),
+        "phases": tracker.result(run.steps) if run.phases else None,
     }
 
 
@@ -309,6 +506,9 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
     from neo_train.train.trainer import make_dense_optimizer
 
     cfg, t = run.cfg, run.cfg.train
+    tracker = PhaseTracker()
+    if run.phases:
+        instrument_torchrec(tracker)
     cpu = torch.device("cpu")
     # the pipeline fetches ahead: two spare batches keep it full through the last timed step
     batches = [
@@ -338,11 +538,13 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
     for _ in range(run.warmup):
         pipeline.progress(it)
     comm.barrier()
+    tracker.active = run.phases
     t0, c0 = time.perf_counter(), time.process_time()
     out = None
     for _ in range(run.steps):
         out = pipeline.progress(it)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    tracker.active = False
     placement = {
         name: {"sharding": ps.sharding_type, "ranks": list(ps.ranks or []), "kernel": ps.compute_kernel}
         for name, ps in module_plan.items()
@@ -355,6 +557,7 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
         "last_loss": float(out[0]) if out is not None else float("nan"),
         "plan_source": plan_source,
         "placement": placement,
+        "phases": tracker.result(run.steps) if run.phases else None,
         "torchrec": getattr(torchrec, "__version__", "unknown"),
     }
 
@@ -383,11 +586,12 @@ def wire_bytes(cfg: Config, plan: ShardingPlan, ids: list[list[float]], dense_pa
 # ---- the driver -----------------------------------------------------------------------------------
 def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
     """Both frameworks on W ranks, ``--repeats`` times in alternating order; the median repeat counts."""
-    cfg = make_config(args.preset, args.batch_size, args.steps)
+    cfg = config_from_args(args)
     plan = make_plan(cfg, args.sharding, W)
-    run = Run(cfg, plan, args.warmup, args.steps, pipeline=not args.no_pipeline)
+    run = Run(cfg, plan, args.warmup, args.steps, pipeline=not args.no_pipeline, phases=args.phases)
     b = cfg.train.batch_size
-    timeout = max(180.0, 30.0 * W + 2.0 * (args.warmup + args.steps))
+    # start-up grows with the tables (initialising 1.7G floats takes tens of seconds per framework)
+    timeout = max(180.0, 30.0 * W + 2.0 * (args.warmup + args.steps) + 60.0 * cfg.model.num_embedding_params / 1e9)
     result: dict[str, Any] = {"world_size": W, "batch_size": b, "plan": plan.to_dict(), "rows": []}
     result["background_cpu_busy"] = cpu_busy()
     busy = result["background_cpu_busy"]
@@ -439,7 +643,25 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
         result["rows"].append(_row("torchrec", W, b, args.steps, result["torchrec_repeats_seconds"], trec,
                                    f"DMP + TrainPipelineSparseDist, plan {trec[0]['plan_source']}"))  # fmt: skip
         result["ratio_neo_over_torchrec"] = result["rows"][0]["samples_per_s"] / result["rows"][1]["samples_per_s"]
+    if args.phases:
+        result["phases"] = {"data_generation_ms": data_generation_ms(cfg, W)}
+        for fw in ("neo_train", "torchrec"):
+            if reps[fw]:
+                result["phases"][fw] = _mean_phases(_median_repeat(reps[fw]))
     return result
+
+
+def _mean_phases(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-phase wall / CPU ms per step, mean over ranks, plus the step and its CPU (all threads)."""
+    out: dict[str, Any] = {}
+    for kind in ("wall_ms", "cpu_ms"):
+        keys = sorted({k for r in ranks for k in r["phases"][kind]})
+        out[kind] = {k: sum(r["phases"][kind].get(k, 0.0) for r in ranks) / len(ranks) for k in keys}
+    out["step_ms"] = sum(r["step_ms"] for r in ranks) / len(ranks)
+    # CPU of the whole process (every thread) per step: cpu_seconds over the timed steps
+    out["process_cpu_ms"] = sum(r["cpu_seconds"] * r["step_ms"] / r["seconds"] for r in ranks) / len(ranks)
+    out["missing_hooks"] = sorted({h for r in ranks for h in r["phases"]["missing_hooks"]})
+    return out
 
 
 def _median_repeat(reps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -537,6 +759,36 @@ def print_tables(worlds: list[dict[str, Any]]) -> None:
         )
 
 
+def print_phases(worlds: list[dict[str, Any]]) -> None:
+    """--phases: both frameworks side by side, ms per step (mean over ranks), wall / thread CPU."""
+    for w in worlds:
+        ph = w.get("phases")
+        if not ph:
+            continue
+        fws = [fw for fw in ("neo_train", "torchrec") if fw in ph]
+        print(f"\nper-phase ms/step at W={w['world_size']} (training thread; exclusive; wall / CPU; mean over ranks):")
+        head = f"{'phase':<24}" + "".join(f"{fw + ' wall':>16}{fw + ' CPU':>16}" for fw in fws)
+        print(head + "\n" + "-" * len(head))
+        rows = list(PHASE_ROWS)
+        extra = sorted({k for fw in fws for k in ph[fw]["wall_ms"] if k not in PHASE_ROWS})
+        for k in rows + extra:
+            label = {"backward_other": "backward (+fused update)", "other": "other (rest of step)"}.get(k, k)
+            line = f"{label:<24}"
+            for fw in fws:
+                line += f"{ph[fw]['wall_ms'].get(k, 0.0):>16.2f}{ph[fw]['cpu_ms'].get(k, 0.0):>16.2f}"
+            print(line)
+        line = f"{'step / process CPU':<24}"
+        for fw in fws:
+            line += f"{ph[fw]['step_ms']:>16.2f}{ph[fw]['process_cpu_ms']:>16.2f}"
+        print(line)
+        dg = ph["data_generation_ms"]
+        print(f"data generation (outside the timed loop): {dg['synthetic_batch']:.2f} ms per rank batch "
+              f"(+ {dg['to_kjt']:.3f} ms to wrap it as a KJT for TorchRec)")
+        for fw in fws:
+            if ph[fw]["missing_hooks"]:
+                print(f"{fw}: hooks not installed (internals moved): {', '.join(ph[fw]['missing_hooks'])}")
+
+
 def plot(worlds: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -568,7 +820,13 @@ def plot(worlds: list[dict[str, Any]], path: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world-sizes", default=None, help="comma list of W (default 2,4; 2 with --quick)")
+    p.add_argument("--config", default="preset", choices=CONFIGS, help="'preset': the model of --preset; "
+                   "'emb-heavy': 26 tables x 1M rows, dim 64, pooling 20-40 (rows x --row-scale)")
     p.add_argument("--preset", default=None, help="model preset (default small; tiny with --quick)")
+    p.add_argument("--row-scale", type=float, default=None, help="multiply every table's rows (default 1; "
+                   "1e-3 with --quick --config emb-heavy)")
+    p.add_argument("--backend", default="auto", choices=("auto", "fbgemm", "reference"),
+                   help="neo_train's kernel backend (auto: fbgemm when it imports); TorchRec always runs fbgemm")
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch b (default 512; 64 with --quick)")
     p.add_argument("--sharding", default="table_wise", choices=SHARDINGS, help="sharding type of every table")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 3 with --quick)")
@@ -578,23 +836,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="W=2, tiny preset, 3 steps: a smoke test, not a measurement")
     p.add_argument("--no-torchrec", action="store_true", help="run neo_train only")
     p.add_argument("--no-pipeline", action="store_true", help="neo_train's plain loop instead of its TrainPipeline")
+    p.add_argument("--phases", action="store_true", help="per-phase wall and CPU time of both frameworks "
+                   "(same instrumentation on both; adds a little overhead to the timed loop)")
     p.add_argument("--json", default=None, help="write every number and the machine info here")
     p.add_argument("--plot", default=None, help="write neo_train's breakdown as a stacked-bar PNG here")
     args = p.parse_args(argv)
     q = args.quick
     args.world_sizes = [int(w) for w in (args.world_sizes or ("2" if q else "2,4")).split(",")]
     args.preset = args.preset or ("tiny" if q else "small")
+    args.row_scale = args.row_scale or (1e-3 if q and args.config == "emb-heavy" else 1.0)
     args.batch_size = args.batch_size or (64 if q else 512)
     args.steps = args.steps or (3 if q else 30)
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 5)
     args.repeats = args.repeats or (1 if q else 3)
 
     info = machine_info()
-    cfg = make_config(args.preset, args.batch_size, args.steps)
+    cfg = config_from_args(args)
     print(
         f"# {info['cpu']}, {info['cpu_count']} CPUs, torch {info['torch']}, torchrec {info['torchrec']}, "
         f"fbgemm_gpu {info['fbgemm_gpu']}, 1 thread/rank, load average {info['loadavg_1m_at_start']:.2f}\n"
-        f"# preset {args.preset} ({len(cfg.model.tables)} tables, {cfg.model.num_embedding_params / 1e6:.2f}M "
+        f"# {cfg.name} ({len(cfg.model.tables)} tables, {cfg.model.num_embedding_params / 1e6:.2f}M "
         f"embedding params, {cfg.model.interaction}), b={args.batch_size}/rank, {args.sharding}, "
         f"sparse {cfg.train.sparse_optimizer} lr {cfg.train.sparse_lr}, dense {cfg.train.dense_optimizer} "
         f"lr {cfg.train.dense_lr}, kernels {cfg.train.kernel_backend}, warmup {args.warmup} + {args.steps} timed steps",
@@ -605,6 +866,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         worlds.append(run_world(args, W))
     print()
     print_tables(worlds)
+    if args.phases:
+        print_phases(worlds)
     errors = [w for w in worlds if "torchrec_error" in w]
     for w in errors:
         print(f"\nTorchRec error at W={w['world_size']} (full text in the JSON):\n{_tail(w['torchrec_error'])}")

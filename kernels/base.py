@@ -8,9 +8,12 @@ Feature f looks up table ``feature_table_map[f]``; its pooled vectors land in co
 ``[feature_dim_offsets[f], feature_dim_offsets[f+1])`` of the output (torchrec's KeyedTensor
 layout). Bags are feature-major: bag ``f*B + b`` holds ``values[offsets[f*B+b]:offsets[f*B+b+1]]``.
 
-Mean pooling is folded into per-id weights (w_i / L_bag) before the backend sees the call, so
-a backend implements one thing: a weighted sum. Its backward never materialises a dense
-gradient: it groups the (row, grad) contributions by row, sums duplicates, and applies the
+Mean pooling never reaches a backend, so a backend implements one thing: a weighted sum.
+Without per-sample weights the backend sums and the mean features' output columns (and so their
+gradients) are scaled by 1/L_bag afterwards (``mean_scale``: the backend keeps its unweighted
+path); with per-sample weights, mean pooling is folded into them (w_i / L_bag,
+``effective_weights``) before the backend sees the call. Its backward never materialises a
+dense gradient: it groups the (row, grad) contributions by row, sums duplicates, and applies the
 sparse optimizer to the touched rows in place.
 
 Optimizer semantics (g = summed row gradient, plus weight_decay * w when weight_decay > 0):
@@ -159,6 +162,9 @@ class FusedEmbeddingBag(nn.Module, ABC):
             persistent=False,
         )
         self._any_mean = any(self.tables[t].pooling == "mean" for t in ftm)
+        self.register_buffer(
+            "_feature_dims", torch.tensor(dims, dtype=torch.int64, device=self.device_), persistent=False
+        )
 
     @property
     def num_features(self) -> int:
@@ -181,8 +187,22 @@ class FusedEmbeddingBag(nn.Module, ABC):
             raise ValueError("per_sample_weights must have the shape of values")
         if self.check_ids:
             self.validate_ids(values, offsets)
+        if per_sample_weights is None and self._any_mean:
+            # unweighted mean pooling: the backend sums (its unweighted fast path, no per-id
+            # weights to build, read or differentiate) and the mean features' columns are
+            # scaled by 1/L_bag afterwards (the scale's backward scales their gradient alike)
+            return self._lookup(values, offsets, None) * self.mean_scale(offsets)
         psw = self.effective_weights(offsets, per_sample_weights, values.numel())
         return self._lookup(values, offsets, psw)
+
+    def mean_scale(self, offsets: torch.Tensor) -> torch.Tensor:
+        """(B, total_dim) float32: 1/max(L_bag, 1) in the columns of mean-pooled features, 1 elsewhere."""
+        F = self.num_features
+        B = (offsets.numel() - 1) // F
+        lengths = (offsets[1:] - offsets[:-1]).view(F, B).to(torch.float32)
+        inv = torch.where(self._feature_is_mean.to(offsets.device)[:, None], 1.0 / lengths.clamp(min=1.0), 1.0)
+        dims = self._feature_dims.to(offsets.device)
+        return inv.t().repeat_interleave(dims, dim=1, output_size=self.total_dim)  # (B, total_dim)
 
     def validate_ids(self, values: torch.Tensor, offsets: torch.Tensor) -> None:
         """Raise ValueError naming the feature, table and id when an id is out of range.
@@ -268,6 +288,10 @@ class FusedLookupFunction(torch.autograd.Function):
 
     ``anchor`` is a 0-d tensor that requires grad, so autograd calls backward even though the
     weights are buffers; the backward updates the rows in place and returns no gradient for them.
+
+    A backend may also implement ``_forward_with_plan`` -> (output, plan): the plan (whatever the
+    forward derived from the ids: per-table rows, bag offsets, ...) is kept for the backward and
+    handed to ``_backward_update(..., plan=plan)``, so the backward does not derive it again.
     """
 
     @staticmethod
@@ -275,10 +299,20 @@ class FusedLookupFunction(torch.autograd.Function):
         ctx.module = module
         ctx.save_for_backward(values, offsets, psw if psw is not None else values.new_zeros(0))
         ctx.has_psw = psw is not None
-        return module._forward(values, offsets, psw)
+        with_plan = getattr(module, "_forward_with_plan", None)
+        if with_plan is None:
+            ctx.plan = None
+            return module._forward(values, offsets, psw)
+        out, ctx.plan = with_plan(values, offsets, psw)
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
         values, offsets, psw = ctx.saved_tensors
-        ctx.module._backward_update(grad_output.contiguous(), values, offsets, psw if ctx.has_psw else None)
+        psw = psw if ctx.has_psw else None
+        if ctx.plan is None:
+            ctx.module._backward_update(grad_output.contiguous(), values, offsets, psw)
+        else:
+            ctx.module._backward_update(grad_output.contiguous(), values, offsets, psw, plan=ctx.plan)
+            ctx.plan = None  # the ids' derived tensors are not needed after this backward
         return torch.zeros((), device=grad_output.device), None, None, None, None

@@ -167,7 +167,16 @@ class ReferenceEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
 
     def _forward(self, values: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None) -> torch.Tensor:
         """Weighted-sum pooling of every feature -> (B, total_dim) float32."""
-        B, plans = self._plan(values, offsets, psw)
+        return self._forward_with_plan(values, offsets, psw)[0]
+
+    def _forward_with_plan(
+        self, values: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None
+    ) -> tuple[torch.Tensor, tuple[int, list[_GroupBatch | None]]]:
+        """``_forward`` and the per-group batch split it made (reused by the backward)."""
+        plan = self._plan(values, offsets, psw)
+        return self._pool(*plan), plan
+
+    def _pool(self, B: int, plans: list[_GroupBatch | None]) -> torch.Tensor:
         pieces: list[torch.Tensor | None] = [None] * self.num_features
         for g, p in zip(self._groups, plans):
             if p is None:
@@ -191,11 +200,13 @@ class ReferenceEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
     # ---- backward + optimizer ---------------------------------------------------------------
     @torch.no_grad()
     def _backward_update(
-        self, grad_out: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None
+        self, grad_out: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None,
+        plan: tuple[int, list[_GroupBatch | None]] | None = None,
     ) -> None:
-        """grad_out (B, total_dim): sum each touched row's gradient, apply the optimizer in place."""
+        """grad_out (B, total_dim): sum each touched row's gradient, apply the optimizer in place.
+        ``plan``: the forward's ``_plan`` of these ids, when it kept it."""
         self.step += 1  # Adam's t counts backward calls, touched rows or not
-        B, plans = self._plan(values, offsets, psw)
+        B, plans = plan if plan is not None else self._plan(values, offsets, psw)
         grad_cols = grad_out.to(torch.float32).split(list(self.feature_dims), dim=1)  # F x (B, D_f)
         for g, p in zip(self._groups, plans):
             if p is None or p.rows.numel() == 0:

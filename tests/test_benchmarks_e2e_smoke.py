@@ -61,3 +61,29 @@ def test_e2e_benchmark_reports_torchrec_failure(tmp_path: Path) -> None:
     assert w["rows"][0]["samples_per_s"] > 0
     assert "simulated broken torchrec" in w["torchrec_error"]
     assert "TorchRec error" in proc.stdout and "simulated broken torchrec" in proc.stdout
+
+
+def test_e2e_benchmark_emb_heavy_config_and_phases(tmp_path: Path) -> None:
+    """--config emb-heavy (26 tables, dim 64, pooling 20-40; rows scaled by 1e-3 under --quick) with
+    the per-phase instrumentation of both frameworks."""
+    out = tmp_path / "e2e.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "e2e.py"), "--quick", "--config", "emb-heavy", "--phases",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    tables = report["config"]["model"]["tables"]
+    assert len(tables) == 26 and {t["dim"] for t in tables} == {64} and {t["num_rows"] for t in tables} == {1000}
+    factors = [t["pooling_factor"] for t in tables]
+    assert min(factors) == 20.0 and max(factors) == 40.0
+    (w,) = report["worlds"]
+    ph = w["phases"]
+    assert ph["data_generation_ms"]["synthetic_batch"] > 0
+    frameworks = ["neo_train"] + (["torchrec"] if "torchrec_error" not in w else [])
+    for fw in frameworks:
+        assert not ph[fw]["missing_hooks"], ph[fw]["missing_hooks"]
+        for k in ("lookup", "backward_other", "optimizer"):
+            assert ph[fw]["wall_ms"][k] > 0 and ph[fw]["cpu_ms"][k] >= 0, (fw, k, ph[fw])
+    assert "per-phase ms/step" in proc.stdout

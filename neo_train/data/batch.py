@@ -136,6 +136,7 @@ class SparseFeatures:
                 self.values[v0:v1],
                 self.lengths[run * B : (run + n) * B],
                 None if self.weights is None else self.weights[v0:v1],
+                tuple(counts[run : run + n]),
             )
         parts = self.by_feature()
         missing = [k for k in keys if k not in parts]
