@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +170,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if isinstance(sparse, DistributedSparse):
             dist = sparse
         else:
-            with self._timer()("input_dist"):
+            with self.ctx.phase("input_dist"):
                 dist = self.input_dist(sparse).wait()
         pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
 
@@ -179,9 +178,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return torch.cat([p.wait() for p in pend], dim=1).index_select(1, self._perm)  # (b, sum D_f)
 
         return LazyTensor(finish)
-
-    def _timer(self):
-        return self.ctx.timer or (lambda _phase: nullcontext())
 
     # ---- export: gather full logical tables -----------------------------------------------------
     def gather_tables(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -67,6 +67,10 @@ class ShardingContext:
         dist can run in the background while this batch's collectives run on ``comm``."""
         return self.input_comm if self.input_comm is not None else self.comm
 
+    def phase(self, name: str):
+        """A context that books its time under ``name`` in the timer (nothing without one)."""
+        return self.timer(name) if self.timer is not None else nullcontext()
+
     def node_comms(self) -> tuple[Communicator, Communicator]:
         """(intra-node, cross-node) communicators; created once, collectively."""
         if self._node_comms is None:
@@ -303,14 +307,11 @@ class EmbeddingSharding(nn.Module):
         self.feature_names = [f.name for f in self.features]
         self.dims = [f.table.dim for f in self.features]
 
-    def _timer(self):
-        return self.ctx.timer or (lambda _phase: nullcontext())
-
     def scaled_lookup(self, routed) -> torch.Tensor:
         """The lookup, timed; its gradient is scaled by 1/W on the way in (the convention's
         1/W), i.e. after the output dist's backward exchange has decoded it, so a narrow
         backward codec carries the unscaled gradient (fp16 subnormals at large W otherwise)."""
-        with self._timer()("lookup"):
+        with self.ctx.phase("lookup"):
             pooled = self.lookup(routed)
         W = self.ctx.world_size
         return ScaleGrad.apply(pooled, 1.0 / W) if W > 1 else pooled
@@ -324,7 +325,7 @@ class EmbeddingSharding(nn.Module):
     def compute(self, routed, b: int) -> torch.Tensor:
         """Lookup and output dist of an already distributed input (b local samples)."""
         pooled = self.scaled_lookup(routed)
-        with self._timer()("output_dist"):
+        with self.ctx.phase("output_dist"):
             return self.output_dist(pooled, b)
 
     # each sharding type implements these (and local_shards for export)

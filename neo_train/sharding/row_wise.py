@@ -151,7 +151,7 @@ class RowWiseSharding(EmbeddingSharding):
                                      self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
 
         def finish() -> torch.Tensor:
-            with self._timer()("output_dist"):
+            with self.ctx.phase("output_dist"):
                 return pending.wait().view(W, b, D).sum(dim=0)  # sum over owners, in rank order
 
         return Pending(finish)

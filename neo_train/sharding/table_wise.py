@@ -89,7 +89,7 @@ class TableWiseSharding(EmbeddingSharding):
                                 "output_dist", async_op=True)
 
         def finish() -> torch.Tensor:
-            with self._timer()("output_dist"):
+            with self.ctx.phase("output_dist"):
                 return pending.wait().index_select(1, self._perm)
 
         return Pending(finish)

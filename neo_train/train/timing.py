@@ -74,9 +74,6 @@ class PhaseTimer:
         self._read()
         return dict(self._t)
 
-    def counts(self) -> dict[str, int]:
-        return dict(self._n)
-
     def reset(self) -> None:
         self._unread.clear()
         self._t.clear()
