@@ -60,8 +60,8 @@ def test_intra_op_threads_share_the_free_cpus(monkeypatch):
 
 
 def test_a_dead_rank_is_one_line_per_rank(tmp_path):
-    """When a rank dies the survivors' CollectiveError is one line naming the collective and the
-    rank, plus one summary line; no traceback without --verbose."""
+    """When a rank dies the launcher prints one summary line naming the ranks and exit codes, a
+    survivor at most one line naming the collective and its rank; no traceback without --verbose."""
     import os
     import subprocess
     import sys
@@ -73,9 +73,12 @@ def test_a_dead_rank_is_one_line_per_rank(tmp_path):
     assert r.returncode == 1
     err = [line for line in r.stderr.splitlines() if line.strip()]
     assert "Traceback" not in r.stderr, r.stderr
-    assert any("on rank 0" in line and "a peer may have died" in line for line in err), r.stderr
     assert err[-1].startswith("neo-train: error: the job failed") and "rank 1: exit code 17" in err[-1], r.stderr
-    assert len(err) <= 3, r.stderr
+    # the survivor reports its CollectiveError in one line when it gets there before torchrun
+    # stops it (torchrun terminates the other ranks as soon as one exits: a race)
+    for line in err[:-1]:
+        assert line.startswith("neo-train: error:") and "on rank 0" in line and "a peer may have died" in line, r.stderr
+    assert len(err) <= 2, r.stderr
 
 
 def test_replay_of_a_missing_trace_is_one_line(tmp_path, capsys):
