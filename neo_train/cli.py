@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", choices=("synthetic", "criteo"), help="data source")
     t.add_argument("--data-path", help="Criteo TSV (train)")
     t.add_argument("--eval-path", help="Criteo TSV (held out)")
+    t.add_argument("--epochs", type=int, help="Criteo: passes over --data-path; the run stops at the end of the last (0: as many as --steps needs)")
+    t.add_argument("--holdout-every", type=int, help="Criteo without --eval-path: hold every K-th global batch out for evaluation (0: none)")
     t.add_argument("--eval-every", type=int, help="evaluate every N steps (0: only at the end)")
     t.add_argument("--eval-batches", type=int, help="batches per evaluation")
     t.add_argument("--log-dir", default=None, help="TensorBoard directory (default runs/<config>-<time>; 'none' disables)")
@@ -117,7 +119,12 @@ def config_from_args(args: argparse.Namespace):
         }.items()
         if v is not None
     }
-    data = {k: v for k, v in {"source": args.data, "path": args.data_path, "eval_path": args.eval_path}.items() if v is not None}
+    data = {
+        k: v
+        for k, v in {"source": args.data, "path": args.data_path, "eval_path": args.eval_path,
+                     "epochs": args.epochs, "holdout_every": args.holdout_every}.items()
+        if v is not None
+    }
     dist = {
         k: v
         for k, v in {
@@ -336,6 +343,14 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
         for what, path in (("--data-path", cfg.data.path), ("--eval-path", cfg.data.eval_path)):
             if path and not Path(path).is_file():
                 raise ValueError(f"{what} {path}: no such file")
+        from .data.criteo import count_global_batches
+
+        gb = cfg.train.batch_size * nproc
+        k = 0 if cfg.data.eval_path else cfg.data.holdout_every
+        if count_global_batches(cfg.data.path, gb, k) < 1:
+            held = f", every {k}th of them held out for evaluation" if k else ""
+            raise ValueError(f"--data-path {cfg.data.path} holds less than one global batch of {gb} lines "
+                             f"({nproc} rank(s) x batch size {cfg.train.batch_size}{held})")
 
     def writable_dir(what: str, path: str) -> None:
         d = Path(path)

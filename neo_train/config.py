@@ -245,7 +245,13 @@ class DataConfig(_Replace):
     path: str = ""
     """Criteo training TSV (label, 13 integer and 26 hex categorical columns)."""
     eval_path: str = ""
-    """Criteo held-out TSV; empty uses the tail of `path` beyond what training reads."""
+    """Criteo held-out TSV; empty: the batches `holdout_every` holds out of `path`."""
+    holdout_every: int = 10
+    """Criteo without `eval_path`: every k-th global batch of `path` is held out for evaluation and
+    never trained on (0: no hold-out, and no evaluation without `eval_path`)."""
+    epochs: int = 1
+    """Criteo: passes over `path`; training stops at the end of the last one even before
+    `train.steps` (0: as many passes as `train.steps` needs)."""
     zipf_alpha: float = 1.1
     """Default power-law exponent of synthetic ids (P(rank k) ~ k^-alpha)."""
     teacher_seed: int = 1234
@@ -260,6 +266,9 @@ class DataConfig(_Replace):
         _check(self.source in DATA_SOURCES, "data.source", f"must be one of {DATA_SOURCES}, got {self.source!r}")
         _check(self.zipf_alpha >= 0, "data.zipf_alpha", f"must be >= 0, got {self.zipf_alpha}")
         _check(self.teacher_scale >= 0, "data.teacher_scale", f"must be >= 0, got {self.teacher_scale}")
+        _check(self.holdout_every >= 0 and self.holdout_every != 1, "data.holdout_every",
+               f"must be 0 (no hold-out) or >= 2, got {self.holdout_every}")
+        _check(self.epochs >= 0, "data.epochs", f"must be >= 0 (0: as many as train.steps needs), got {self.epochs}")
         _check(self.id_mode in ID_MODES, "data.id_mode", f"must be one of {ID_MODES}, got {self.id_mode!r}")
         _check(self.source != "criteo" or bool(self.path), "data.path", "the 'criteo' source needs a path")
 

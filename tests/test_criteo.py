@@ -304,3 +304,114 @@ def test_damaged_gzip_and_huge_fields_name_the_file(tmp_path):
     with pytest.raises(ValueError) as err:
         list(CriteoReader(big, model, 1, 0, 1))
     assert "big.tsv, line 1" in str(err.value) and len(str(err.value)) < 400 and "1,000,000 bytes" in str(err.value)
+
+
+# ---- epochs and the evaluation hold-out ----------------------------------------------------------
+
+
+def _firsts(reader) -> list[float]:
+    """One fingerprint per batch: its first dense row's sum (distinct for every line here)."""
+    return [round(float(b.dense[0].sum()), 4) for b in reader]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_epochs_holdout_and_resume_points(tmp_path: Path, model: ModelConfig, drop_last: bool) -> None:
+    p = tmp_path / "e.tsv"
+    p.write_text("".join(_good_line(k) for k in range(7 * 4 + 3)))  # 7 global batches of 4 and 3 lines
+    W, b = 2, 2
+
+    def firsts(**kw):
+        return _firsts(CriteoReader(p, model, b, rank=1, world_size=W, drop_last=drop_last, **kw))
+
+    one = firsts()
+    assert len(one) == (7 if drop_last else 8)
+    assert firsts(epochs=3) == one * 3
+    train, held = firsts(holdout_every=3), firsts(holdout_every=3, split="eval")
+    assert train == [one[g] for g in range(len(one)) if g % 3 != 2] and held == [one[2], one[5]]
+    assert firsts(holdout_every=3, epochs=2) == train * 2  # the held-out batches stay out in every pass
+    assert firsts(holdout_every=3, split="eval", epochs=5) == held  # evaluation is one pass
+    for start in range(0, 3 * len(one) + 2):  # resuming anywhere, across pass boundaries
+        assert firsts(epochs=3, start_batch=start) == (one * 3)[start:], start
+        assert firsts(epochs=2, holdout_every=3, start_batch=start) == (train * 2)[start:], start
+    import itertools
+
+    endless = CriteoReader(p, model, b, rank=1, world_size=W, drop_last=drop_last, epochs=0, start_batch=50)
+    assert _firsts(itertools.islice(endless, 4)) == (one * 20)[50:54]
+
+
+def test_reader_rejects_bad_epoch_and_holdout_settings(tmp_path: Path, model: ModelConfig) -> None:
+    p = _synthetic(tmp_path, 8)
+    for kw, msg in (({"epochs": -1}, "epochs"), ({"holdout_every": 1}, "holdout_every"),
+                    ({"split": "eval"}, "needs holdout_every"), ({"split": "test", "holdout_every": 3}, "split")):
+        with pytest.raises(ValueError, match=msg):
+            CriteoReader(p, model, 2, **kw)
+    from neo_train.config import DataConfig
+
+    with pytest.raises(ValueError, match="data.holdout_every"):
+        DataConfig(holdout_every=1)
+    with pytest.raises(ValueError, match="data.epochs"):
+        DataConfig(epochs=-2)
+
+
+def test_count_global_batches_reads_only_what_it_needs(tmp_path: Path) -> None:
+    from neo_train.data.criteo import count_global_batches
+
+    p = tmp_path / "c.tsv"
+    p.write_text("".join(_good_line(k) for k in range(23)))
+    assert count_global_batches(p, 4, at_most=100) == 5
+    assert count_global_batches(p, 4, holdout_every=3, at_most=100) == 4  # batches 2 of 0..5 held out
+    assert count_global_batches(p, 4) == 1 and count_global_batches(p, 24) == 0
+    gz = tmp_path / "c.tsv.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes())[:40])  # truncated
+    with pytest.raises(ValueError, match="c.tsv.gz"):
+        count_global_batches(gz, 4, at_most=100)
+
+
+def _criteo_run(tmp_path: Path, data: Path, *extra: str) -> tuple[int, dict, str]:
+    import json
+
+    from neo_train.cli import main
+
+    out = tmp_path / f"m{len(list(tmp_path.glob('m*.json')))}.json"
+    rc = main(["train", "--nproc", "1", "--preset", "criteo_kaggle", "--row-scale", "1e-4", "--data", "criteo",
+               "--data-path", str(data), "--batch-size", "16", "--log-dir", "none", "--no-progress",
+               "--backend", "reference", "--metrics-out", str(out), *extra])
+    return rc, json.loads(out.read_text()) if out.exists() else {}, ""
+
+
+def test_a_run_stops_at_the_end_of_its_data_and_keeps_what_it_trained(tmp_path: Path, capsys) -> None:
+    """7 global batches of 16 with every 5th held out: 6 training batches a pass. --steps 100 with
+    2 epochs trains 12 steps, says so, evaluates on the held-out batches, rc 0."""
+    data = tmp_path / "d.tsv"
+    write_synthetic_criteo_tsv(data, 16 * 7 + 5, seed=0)
+    rc, m, _ = _criteo_run(tmp_path, data, "--steps", "100", "--epochs", "2", "--holdout-every", "5")
+    out = capsys.readouterr().out
+    assert rc == 0 and len(m["losses"]) == 12 and m["steps"] == 12 and not m["error"], m
+    assert "the training data ended at step 12 of 100" in out and "steps=12" in out
+    assert 0 <= m["eval"]["auc"] <= 1 and m["eval_history"][-1]["step"] == 12
+    # without a hold-out and without --eval-path: no evaluation, said once; the run still succeeds
+    rc, m, _ = _criteo_run(tmp_path, data, "--steps", "3", "--holdout-every", "0")
+    assert rc == 0 and m["eval"] == {} and len(m["losses"]) == 3
+    assert "no evaluation: no held-out data" in capsys.readouterr().out
+
+
+def test_resume_across_an_epoch_boundary_is_exact(tmp_path: Path) -> None:
+    data = tmp_path / "d.tsv"
+    write_synthetic_criteo_tsv(data, 16 * 4, seed=1)
+    common = ("--epochs", "3", "--holdout-every", "4", "--seed", "5")  # 3 training batches a pass
+    rc, whole, _ = _criteo_run(tmp_path, data, "--steps", "8", *common)
+    assert rc == 0 and len(whole["losses"]) == 8
+    ck = str(tmp_path / "ck")
+    assert _criteo_run(tmp_path, data, "--steps", "4", "--checkpoint-dir", ck, *common)[0] == 0
+    rc, resumed, _ = _criteo_run(tmp_path, data, "--steps", "8", "--checkpoint-dir", ck, *common)
+    assert rc == 0 and resumed["losses"] == whole["losses"]
+
+
+def test_a_file_without_one_global_batch_is_refused_before_launch(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "short.tsv"
+    write_synthetic_criteo_tsv(data, 20, seed=0)
+    t0 = __import__("time").perf_counter()
+    rc, m, _ = _criteo_run(tmp_path, data, "--steps", "5", "--batch-size", "32")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "short.tsv holds less than one global batch of 32 lines" in err[0], err
+    assert __import__("time").perf_counter() - t0 < 10

@@ -99,3 +99,24 @@ def test_every_rank_issues_the_same_collectives_in_the_same_order():
     one thread issues them all, so the sequences are identical."""
     seqs = run_ranks(_same_order_body, 3)
     assert seqs[0] == seqs[1] == seqs[2] and len(seqs[0]) > 20
+
+
+def _finite_run(comm, pipeline):
+    """Every rank's data ends after 5 batches of a 9-step run."""
+    import itertools
+
+    from neo_train.data.synthetic import SyntheticData
+
+    cfg = _cfg(pipeline, steps=9, eval_every=0)
+    data = SyntheticData(cfg.model, cfg.data, cfg.train.batch_size, seed=1, rank=comm.rank, world_size=comm.world_size)
+    plan = ShardingPlan.uniform(cfg.model, "row_wise", comm.world_size)
+    r = Trainer(cfg, comm=comm, plan=plan, progress=False, train_data=itertools.islice(data.iterate(0), 5)).run()
+    return r.losses, r.steps, r.notes, r.eval
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_the_run_stops_together_when_the_data_ends(pipeline):
+    ranks = run_ranks(_finite_run, 2, pipeline)
+    losses, steps, notes, ev = ranks[0]
+    assert len(losses) == 5 and steps == 5 and ranks[1][:2] == (losses, steps)
+    assert notes == ["the training data ended at step 5 of 9 (the given data)"] and "auc" in ev

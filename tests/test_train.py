@@ -101,16 +101,20 @@ def test_labels_outside_0_1_are_an_error(label):
 
 
 def test_a_failing_run_still_writes_its_summary_and_metrics(tmp_path, capsys):
-    """The Criteo file runs out mid-run: what was trained is reported and written, rc 2."""
+    """A malformed line in the Criteo file's 6th global batch: the five steps trained before it
+    are reported and written, with the error, rc 2."""
     from neo_train.data.criteo import write_synthetic_criteo_tsv
 
     data = tmp_path / "d.tsv"
-    write_synthetic_criteo_tsv(data, 16 * 5, seed=0)
+    write_synthetic_criteo_tsv(data, 16 * 8, seed=0)
+    lines = data.read_text().splitlines(keepends=True)
+    lines[16 * 5 + 3] = "2" + lines[16 * 5 + 3][1:]  # label 2: line 84
+    data.write_text("".join(lines))
     out = tmp_path / "m.json"
     rc = main(["train", "--nproc", "1", "--preset", "criteo_kaggle", "--row-scale", "1e-4", "--data", "criteo",
-               "--data-path", str(data), "--eval-path", str(data), "--steps", "9", "--batch-size", "16",
+               "--data-path", str(data), "--holdout-every", "0", "--steps", "9", "--batch-size", "16",
                "--log-dir", "none", "--no-progress", "--backend", "reference", "--metrics-out", str(out)])
     assert rc == 2
     m = json.loads(out.read_text())
-    assert "ran out at step 5" in m["error"] and 0 < len(m["losses"]) <= 5, m
+    assert "line 84" in m["error"] and 0 < len(m["losses"]) <= 5, m
     assert "FAILED after" in capsys.readouterr().out

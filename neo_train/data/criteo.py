@@ -36,13 +36,21 @@ split as evenly as possible, rank r taking lines [n*r//W, n*(r+1)//W) of it, so 
 stays exact and every rank yields the same number of batches (a rank may get an empty batch
 when n < W: the collectives of a step still need it to take part).
 
-    reader = CriteoReader("train.tsv.gz", cfg.model, batch_size=2048, rank=r, world_size=W)
+Epochs and the evaluation hold-out. ``epochs`` passes over the file make one stream of batches
+(0: passes without end; the consumer decides when to stop); the stream ends after the last pass,
+which the trainer takes as "stop at the end of the data". With ``holdout_every = k > 0`` every
+k-th global batch of the file (g % k == k - 1) is held out: ``split="train"`` skips those
+batches (in every pass) and ``split="eval"`` yields only them (one pass), so evaluation never
+sees a sample training read, whatever the number of epochs. ``start_batch`` counts batches of
+the stream the split yields (across passes): the training step a checkpoint resumes at.
+
+    reader = CriteoReader("train.tsv.gz", cfg.model, batch_size=2048, rank=r, world_size=W,
+                          epochs=2, holdout_every=10)
     for batch in reader: ...
     ckpt["data_position"] = reader.global_batch_index   # resume with start_batch=that
 """
 from __future__ import annotations
 
-import collections
 import gzip
 import itertools
 import zlib
@@ -55,7 +63,7 @@ import torch
 from neo_train.config import CRITEO_KAGGLE_CARDINALITIES, ModelConfig
 from neo_train.data.batch import Batch, SparseFeatures
 
-__all__ = ["CriteoReader", "write_synthetic_criteo_tsv", "NUM_DENSE", "NUM_SPARSE", "COLUMN_NAMES"]
+__all__ = ["CriteoReader", "count_global_batches", "write_synthetic_criteo_tsv", "NUM_DENSE", "NUM_SPARSE", "COLUMN_NAMES"]
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -111,6 +119,10 @@ class CriteoReader:
         world_size: int = 1,
         start_batch: int = 0,
         drop_last: bool = True,
+        *,
+        epochs: int = 1,
+        holdout_every: int = 0,
+        split: str = "train",
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
@@ -123,6 +135,14 @@ class CriteoReader:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if start_batch < 0:
             raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+        if epochs < 0:
+            raise ValueError(f"epochs must be >= 0 (0: without end), got {epochs}")
+        if holdout_every < 0 or holdout_every == 1:
+            raise ValueError(f"holdout_every must be 0 (no hold-out) or >= 2, got {holdout_every}")
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        if split == "eval" and not holdout_every:
+            raise ValueError("split='eval' reads the held-out batches: it needs holdout_every >= 2")
         if model.num_dense_features != NUM_DENSE:
             raise ValueError(
                 f"Criteo has {NUM_DENSE} dense features but the model has "
@@ -140,6 +160,10 @@ class CriteoReader:
         self.world_size = world_size
         self.start_batch = start_batch
         self.drop_last = drop_last
+        self.split = split
+        self.holdout_every = holdout_every
+        self.epochs = 1 if split == "eval" else epochs
+        self.epochs_done = 0  # passes over the file completed by the current iteration
         self.keys: tuple[str, ...] = keys
         # Rows of the table behind each feature, in feature (= column C1..C26) order.
         self._rows = np.array([t.num_rows for t in model.tables for _ in t.feature_names], dtype=np.uint64)
@@ -149,25 +173,65 @@ class CriteoReader:
     def __iter__(self) -> Iterator[Batch]:
         W, b, r = self.world_size, self.batch_size, self.rank
         gb = W * b
-        g = self.start_batch
-        self.global_batch_index = g
-        with _open_binary(self.path) as f:
-            # Skipping still reads the lines (a text file has no line index), but parses none.
-            self._read(lambda: collections.deque(itertools.islice(f, g * gb), maxlen=0), g * gb)
-            while True:
-                lines = self._read(lambda: list(itertools.islice(f, gb)), g * gb)
-                n = len(lines)
-                if n == 0 or (n < gb and self.drop_last):
+        skip = self.start_batch  # batches of this split's stream still to pass over unparsed
+        self.global_batch_index = skip
+        self.epochs_done = 0
+        per_epoch: int | None = None  # batches of the split in one pass, once a pass completed
+        while self.epochs == 0 or self.epochs_done < self.epochs:
+            if per_epoch is not None:
+                if per_epoch == 0:
+                    return  # the file holds no batch of this split: more passes yield nothing
+                passes = skip // per_epoch  # whole passes to skip: no need to read them
+                if self.epochs:
+                    passes = min(passes, self.epochs - self.epochs_done)
+                skip -= passes * per_epoch
+                self.epochs_done += passes
+                if self.epochs and self.epochs_done >= self.epochs:
                     return
-                lo, hi = (r * b, (r + 1) * b) if n == gb else (n * r // W, n * (r + 1) // W)
-                batch = self._parse(lines[lo:hi], first_line=g * gb + lo + 1)
-                g += 1
-                # Set before yielding: the generator is suspended at the yield while the batch
-                # is in use, and a checkpoint taken then must point past this batch.
-                self.global_batch_index = g
-                yield batch
-                if n < gb:
-                    return
+            taken = 0
+            with _open_binary(self.path) as f:
+                g = 0  # global batch of the file
+                if not self.holdout_every and skip:  # consecutive batches: skip in one go
+                    n = self._read(lambda: sum(1 for _ in itertools.islice(f, skip * gb)), 0)
+                    g = n // gb + (1 if n % gb and not self.drop_last else 0)
+                    taken, skip = g, skip - g
+                    if skip:
+                        g = -1  # the pass ended inside the skipped lines
+                while g >= 0:
+                    if not self._selected(g) or skip:
+                        n = self._read(lambda: sum(1 for _ in itertools.islice(f, gb)), g * gb)
+                        if n == 0 or (n < gb and self.drop_last):
+                            break
+                        if self._selected(g):
+                            skip -= 1
+                            taken += 1
+                        g += 1
+                        if n < gb:
+                            break
+                        continue
+                    lines = self._read(lambda: list(itertools.islice(f, gb)), g * gb)
+                    n = len(lines)
+                    if n == 0 or (n < gb and self.drop_last):
+                        break
+                    lo, hi = (r * b, (r + 1) * b) if n == gb else (n * r // W, n * (r + 1) // W)
+                    batch = self._parse(lines[lo:hi], first_line=g * gb + lo + 1)
+                    g += 1
+                    taken += 1
+                    # Set before yielding: the generator is suspended at the yield while the batch
+                    # is in use, and a checkpoint taken then must point past this batch.
+                    self.global_batch_index += 1
+                    yield batch
+                    if n < gb:
+                        break
+            self.epochs_done += 1
+            if per_epoch is None:
+                per_epoch = taken
+
+    def _selected(self, g: int) -> bool:
+        """Whether global batch ``g`` of the file belongs to this reader's split."""
+        k = self.holdout_every
+        held_out = bool(k) and g % k == k - 1
+        return held_out if self.split == "eval" else not held_out
 
     def _read(self, read, line: int):
         """Run a read of the file; a damaged gzip stream (or an unreadable file) is a ValueError
@@ -302,6 +366,21 @@ def _why(col: int, field: bytes) -> str:
 
 
 # ---- synthetic data -------------------------------------------------------------------------------
+
+
+def count_global_batches(path: str | Path, global_batch: int, holdout_every: int = 0, at_most: int = 1) -> int:
+    """How many training batches of ``global_batch`` lines one pass over ``path`` yields (the
+    held-out ones excluded), counting at most ``at_most``: reads at most the lines those need,
+    so a launcher can check a file holds a batch without reading all of it."""
+    k = holdout_every
+    need = at_most + (at_most // (k - 1) if k else 0)  # file batches that hold at_most train ones
+    with _open_binary(Path(path)) as f:
+        try:
+            lines = sum(1 for _ in itertools.islice(f, need * global_batch))
+        except (EOFError, OSError, zlib.error) as e:
+            raise ValueError(f"{path}: cannot be read: {type(e).__name__}: {e} (a truncated or damaged gzip file?)") from None
+    full = lines // global_batch
+    return min(at_most, full - (full // k if k else 0))
 
 
 def write_synthetic_criteo_tsv(path: str | Path, num_lines: int, seed: int = 0, missing_rate: float = 0.1) -> None:

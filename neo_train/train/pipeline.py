@@ -44,7 +44,7 @@ import torch
 from ..comm.awaitable import Pending
 from ..data.batch import Batch
 
-__all__ = ["TrainPipeline", "record_stream"]
+__all__ = ["EndOfData", "TrainPipeline", "record_stream"]
 
 _UNSET = object()
 
@@ -78,6 +78,14 @@ class _Loaded:
     ready: Any  # CUDA: an event the copy stream recorded after the copy; else None
     check_s: float  # host seconds spent in the input checks
     data_s: float  # host seconds spent producing the batch (next(data))
+
+
+class EndOfData(Exception):
+    """The training data ended before step ``step``: the run stops there (not an error)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"the training data ended at step {step}")
+        self.step = step
 
 
 class TrainPipeline:
@@ -148,7 +156,7 @@ class TrainPipeline:
         if self._ahead is _UNSET:
             self._ahead = self._start()
         if self._ahead is None:
-            raise ValueError(f"training data ran out at step {step}")
+            raise EndOfData(step)
         got, pending = self._ahead
         batch = got.batch
         with self.timer("pipeline_wait"):

@@ -29,7 +29,7 @@ from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
 from ..sharding.plan import ShardingPlan
 from .metrics import binary_metrics
-from .pipeline import TrainPipeline
+from .pipeline import EndOfData, TrainPipeline
 from .timing import PhaseTimer
 
 __all__ = ["Trainer", "TrainResult", "build_model", "make_dense_optimizer", "make_data", "sparse_optimizer_spec"]
@@ -51,6 +51,7 @@ class TrainResult:
     samples_per_s: float = 0.0
     step_ms: dict[str, float] = field(default_factory=dict)
     error: str = ""  # set when the run failed: what it trained is still recorded above
+    notes: list[str] = field(default_factory=list)  # e.g. the data ended before train.steps
 
     def to_json(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +64,8 @@ class TrainResult:
             f"backend={self.backend} final_loss={self.losses[-1] if self.losses else float('nan'):.4f} "
             f"eval_auc={e.get('auc', float('nan')):.4f} eval_ne={e.get('ne', float('nan')):.4f} "
             f"eval_logloss={e.get('log_loss', float('nan')):.4f} samples/s={self.samples_per_s:,.0f}"
-        ) + (f" FAILED after {len(self.losses)} step(s): {self.error}" if self.error else "")
+        ) + (f" FAILED after {len(self.losses)} step(s): {self.error}" if self.error else "") + "".join(
+            f" ({n})" for n in self.notes if n.startswith("the training data ended"))
 
 
 def sparse_optimizer_spec(t: TrainConfig) -> SparseOptimizerSpec:
@@ -95,20 +97,25 @@ def make_dense_optimizer(t: TrainConfig, params: Iterable[torch.nn.Parameter]) -
 
 def make_data(
     cfg: Config, stream: str, rank: int = 0, world_size: int = 1, start_step: int = 0
-) -> Iterator[Batch]:
-    """Rank ``rank``'s batches of the train or eval stream, starting at global step ``start_step``."""
+) -> Iterator[Batch] | None:
+    """Rank ``rank``'s batches of the train or eval stream, starting at global step ``start_step``;
+    None for a Criteo eval stream when there is no held-out data (no ``eval_path``, no hold-out)."""
     b = cfg.train.batch_size
     if cfg.data.source == "synthetic":
         seed = cfg.train.seed
         return SyntheticData(cfg.model, cfg.data, b, seed=seed, rank=rank, world_size=world_size, stream=stream).iterate(start_step)
     from ..data.criteo import CriteoReader
 
+    d = cfg.data
     if stream == "train":
-        return iter(CriteoReader(cfg.data.path, cfg.model, b, rank, world_size, start_batch=start_step))
-    if cfg.data.eval_path:
-        return iter(CriteoReader(cfg.data.eval_path, cfg.model, b, rank, world_size, start_batch=start_step))
-    # no held-out file: evaluate on what lies beyond the batches training reads
-    return iter(CriteoReader(cfg.data.path, cfg.model, b, rank, world_size, start_batch=cfg.train.steps + start_step))
+        return iter(CriteoReader(d.path, cfg.model, b, rank, world_size, start_batch=start_step,
+                                 epochs=d.epochs, holdout_every=0 if d.eval_path else d.holdout_every))
+    if d.eval_path:
+        return iter(CriteoReader(d.eval_path, cfg.model, b, rank, world_size, start_batch=start_step))
+    if d.holdout_every:
+        return iter(CriteoReader(d.path, cfg.model, b, rank, world_size, start_batch=start_step,
+                                 holdout_every=d.holdout_every, split="eval"))
+    return None
 
 
 class Trainer:
@@ -273,21 +280,21 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         data = self._eval_data if self._eval_data is not None else make_data(self.cfg, "eval", self.rank, self.world_size)
-        logits, labels = [], []
-        for batch in itertools.islice(data, self.cfg.train.eval_batches):
+        logits, labels = [torch.zeros(0)], [torch.zeros(0)]
+        for batch in itertools.islice(data if data is not None else (), self.cfg.train.eval_batches):
             batch = self.prepare(batch)
-            logits.append(self.model(batch.dense, batch.sparse))
-            labels.append(batch.labels)
+            logits.append(self.model(batch.dense, batch.sparse).float().cpu())
+            labels.append(batch.labels.float().cpu())
         self.model.train()
-        if not logits:
-            raise ValueError("evaluation data is empty")
-        lg, lb = torch.cat(logits).float().cpu(), torch.cat(labels).float().cpu()
+        lg, lb = torch.cat(logits), torch.cat(labels)
         if self.comm is not None:  # metrics over every rank's held-out samples
             dev = getattr(self.comm, "device", "cpu")
             n = torch.tensor([lg.numel()], device=dev)
             sizes = [int(v) for v in self.comm.all_gather_v(n, [1] * self.world_size, tag="metrics")]
             lg = self.comm.all_gather_v(lg.to(dev), sizes, tag="metrics").cpu()
             lb = self.comm.all_gather_v(lb.to(dev), sizes, tag="metrics").cpu()
+        if lg.numel() == 0:  # no held-out data: no metrics, not a failure of the run
+            return {}
         return binary_metrics(lg, lb)
 
     def run(self) -> TrainResult:
@@ -337,19 +344,25 @@ class Trainer:
             bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
 
         pipe = TrainPipeline(self, first_step=start) if t.pipeline else None
+        end = t.steps  # the step training stops at: earlier when the data ends
         try:
             for step in range(start, t.steps):
                 t0 = time.perf_counter()
                 _fault_injection(step, self.rank)
                 if pipe is not None:
                     stalled = pipe.data_stall_s
-                    loss = pipe.step(step)
+                    try:
+                        loss = pipe.step(step)
+                    except EndOfData:
+                        end = step
+                        break
                     t0 += pipe.data_stall_s - stalled  # waiting for the loader is not training work
                 else:
                     try:
                         batch = next(self.train_data)
                     except StopIteration:
-                        raise ValueError(f"training data ran out at step {step} of {t.steps}") from None
+                        end = step
+                        break
                     data_s = time.perf_counter() - t0
                     self.timer.add("data", data_s)
                     t0 += data_s
@@ -371,7 +384,7 @@ class Trainer:
                     flush(step + 1)
                     self._save(step + 1, result)
             t0 = time.perf_counter()
-            flush(t.steps)
+            flush(end)
             train_time += time.perf_counter() - t0
         except BaseException:
             if self.comm is None and pending:  # one process: its losses are the global ones
@@ -380,21 +393,37 @@ class Trainer:
         finally:
             if pipe is not None:
                 pipe.close()
-        if t.checkpoint_dir and t.steps > start:
-            self._save(t.steps, result)
+        if end < t.steps:
+            self._data_ended(result, start, end)
+        if t.checkpoint_dir and end > start:
+            self._save(end, result)
         bar.close()
         result.train_seconds = train_time
         # global throughput: every rank trains b samples a step; the slowest rank sets the pace
         train_time = self.global_max(train_time)
         result.train_seconds = train_time
-        done = t.steps - start
+        done = end - start
         result.samples_per_s = done * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
         result.step_ms = self.step_breakdown(done)
-        result.eval = self._record_eval(result, t.steps)
+        result.eval = self._record_eval(result, end)
         if self.writer is not None:
-            self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, t.steps)
+            self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, end)
             self.writer.close()
         return result
+
+    def _data_ended(self, result: TrainResult, start: int, end: int) -> None:
+        """The training data ended at step ``end`` (before ``train.steps``): the run stops there,
+        keeps what it trained, and says so. Every rank reads the same stream, so all end together."""
+        result.steps = end
+        d, t = self.cfg.data, self.cfg.train
+        where = f"{d.epochs} epoch(s) of {d.path}" if d.source == "criteo" else "the given data"
+        note = f"the training data ended at step {end} of {t.steps} ({where})"
+        result.notes.append(note)
+        if self.rank == 0:
+            print(f"neo-train: {note}; stopping there", flush=True)
+        if end == start:
+            raise ValueError(f"{note}: nothing to train (no whole global batch of "
+                             f"{t.batch_size * self.world_size} samples left)")
 
     def _resume(self, result: TrainResult) -> int:
         """Resume from the newest checkpoint (collective); returns the step to start at."""
@@ -445,6 +474,13 @@ class Trainer:
 
     def _record_eval(self, result: TrainResult, step: int) -> dict[str, float]:
         m = self.evaluate()
+        if not m:
+            note = "no evaluation: no held-out data (give data.eval_path, or data.holdout_every >= 2 with enough data)"
+            if note not in result.notes:
+                result.notes.append(note)
+                if self.rank == 0:
+                    print(f"neo-train: {note}", flush=True)
+            return m
         result.eval_history.append({"step": step, **m})
         if self.writer is not None:
             for k in ("auc", "ne", "log_loss"):
