@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-path", help="Criteo TSV (held out)")
     t.add_argument("--epochs", type=int, help="Criteo: passes over --data-path; the run stops at the end of the last (0: as many as --steps needs)")
     t.add_argument("--holdout-every", type=int, help="Criteo without --eval-path: hold every K-th global batch out for evaluation (0: none)")
+    t.add_argument("--max-loss", type=float, help="stop when a step's loss exceeds this: diverged (default 50; 0: no bound)")
     t.add_argument("--eval-every", type=int, help="evaluate every N steps (0: only at the end)")
     t.add_argument("--eval-batches", type=int, help="batches per evaluation")
     t.add_argument("--log-dir", default=None, help="TensorBoard directory (default runs/<config>-<time>; 'none' disables)")
@@ -110,6 +111,7 @@ def config_from_args(args: argparse.Namespace):
             "seed": args.seed,
             "kernel_backend": args.backend,
             "eval_every": args.eval_every,
+            "max_loss": args.max_loss,
             "eval_batches": args.eval_batches,
             "pipeline": False if args.no_pipeline else None,
             "check_inputs": args.check_inputs,

@@ -209,6 +209,10 @@ class TrainConfig(_Replace):
     """Pipeline the steps: batches load on a thread, and the next batch's input dist is started
     (by the training thread) right after this batch's forward, so its ids travel during this
     batch's backward. Same results as the plain loop."""
+    max_loss: float = 50.0
+    """Stop the run when a step's loss (the mean binary cross-entropy over the global batch) exceeds
+    this: the model diverged (a mean BCE of 50 means logits of about 50 on the wrong side); 0: no
+    bound. A non-finite loss always stops the run."""
     check_inputs: bool = True
     """Check every batch's bag lengths, id ranges and labels on the host before the device copy
     (errors name the feature and rank; no device sync). Its cost is reported as check_inputs in
@@ -229,6 +233,7 @@ class TrainConfig(_Replace):
         _check(self.dense_lr >= 0, "train.dense_lr", f"must be >= 0, got {self.dense_lr}")
         _check(self.sparse_lr >= 0, "train.sparse_lr", f"must be >= 0, got {self.sparse_lr}")
         _check(self.eps > 0, "train.eps", f"must be > 0, got {self.eps}")
+        _check(self.max_loss >= 0, "train.max_loss", f"must be >= 0 (0: no bound), got {self.max_loss}")
         _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _check(self.eval_every >= 0, "train.eval_every", f"must be >= 0, got {self.eval_every}")
         _check(self.eval_batches >= 1, "train.eval_batches", f"must be >= 1, got {self.eval_batches}")

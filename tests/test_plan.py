@@ -88,3 +88,32 @@ def test_world_size_mismatch():
         ShardingPlan.from_json("{nope")
     with pytest.raises(ValueError, match="unknown sharding type"):
         ShardingPlan.uniform(MODEL, "diagonal", 2)
+
+
+def test_plan_report_names_one_node_count_for_its_fix(capsys):
+    """`neo-train plan --preset model_f --table-dtype fp16` printed the memory-sum estimate
+    (--nodes 82) beside the figure planning again found (--nodes 129): the fix the report names is
+    now the checked one, the smallest node count that plans (and one fewer does not)."""
+    import argparse
+    import re
+
+    from neo_train.config import preset
+    from neo_train.sharding.plan_cli import add_plan_arguments, plan_command
+    from neo_train.sharding.planner import PlannerOptions, PlanningError, _plan_once
+    from neo_train.topology.spec import preset_cluster
+
+    args = add_plan_arguments(argparse.ArgumentParser()).parse_args(["--preset", "model_f", "--table-dtype", "fp16"])
+    assert plan_command(args) == 1
+    out = capsys.readouterr().out
+    counts = set(re.findall(r"--nodes (\d+)", out))
+    assert len(counts) == 1, out
+    assert "smallest change that would fit (checked by planning again): --nodes" in out
+    n = int(counts.pop())
+    cfg, c = preset("model_f"), preset_cluster("zionex")
+    m = cfg.model
+    opts = PlannerOptions(batch_size=cfg.train.batch_size, table_dtype="fp16", optimizer=cfg.train.sparse_optimizer,
+                          dense_optimizer=cfg.train.dense_optimizer, fwd_comm_dtype=cfg.dist.forward_comm_dtype,
+                          bwd_comm_dtype=cfg.dist.backward_comm_dtype, memory_fraction=0.95)
+    _plan_once(m, c.replace(nodes=n), opts, {})
+    with pytest.raises(PlanningError):
+        _plan_once(m, c.replace(nodes=n - 1), opts, {})

@@ -312,6 +312,82 @@ def test_trace_recorded_by_neo_train_comm_trace(tmp_path):
     assert math.isclose(ar.network_bytes, 2 * 5000 * 4)  # ring over 2 hosts: 2 (N-1) S
 
 
+def _small_trace(path, W=4):
+    """A W-rank trace as neo_train's tracer writes it (trace_rank{r}.json, its phase markers)."""
+    for r in range(W):
+        entries = [
+            {"comms": "all_to_allv", "req": 0, "seqnum": 0, "pg_id": 0, "global_ranks": list(range(W)), "world_size": W,
+             "in_msg_size": 1000 * W, "out_msg_size": 1000 * W, "dtype": "float", "in_split": [1000] * W,
+             "out_split": [1000] * W, "startTime_ns": 1000 + r, "markers": ["output_dist"]},
+            {"comms": "all_reduce", "req": 1, "seqnum": 0, "pg_id": 1, "global_ranks": list(range(W)), "world_size": W,
+             "in_msg_size": 5000, "out_msg_size": 5000, "dtype": "float", "in_split": [], "out_split": [],
+             "startTime_ns": 5000 + r, "markers": ["dense_allreduce"]},
+        ]
+        (path / f"trace_rank{r}.json").write_text(json.dumps(entries))
+    return path
+
+
+def _simulate_args(*argv):
+    from neo_train.topology.study import add_simulate_arguments
+
+    p = argparse.ArgumentParser()
+    add_simulate_arguments(p)
+    return p.parse_args([str(a) for a in argv])
+
+
+@pytest.mark.parametrize("network, nodes", [("fattree", 1), ("flat", 1), ("opera", 16)])
+def test_a_trace_smaller_than_a_node_simulates(tmp_path, capsys, network, nodes):
+    """A 4-rank trace on the 8-GPU default topology used to fail ('world size 4 is not a positive
+    multiple of the 8 devices per host'): the cluster now follows the trace."""
+    from neo_train.topology.study import simulate_command
+
+    _small_trace(tmp_path)
+    args = _simulate_args("--trace", tmp_path, "--network", network,
+                          "--compute", "output_dist=0.001,dense_allreduce=0.002", "--out", tmp_path / "out")
+    assert simulate_command(args) == 0
+    assert "trace: 4 ranks on 1 node(s) of 4 GPUs (GPUs per node derived from the trace" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["nodes"] == nodes  # the nodes the ranks fill; Opera: its smallest study layout
+    assert summary["compute_s"] == pytest.approx(0.003)
+
+
+def test_trace_cluster_shape_rules_and_errors():
+    from neo_train.topology.study import trace_cluster_shape
+
+    assert trace_cluster_shape(4, 8) == (1, 4)  # fewer ranks than a node's GPUs: one node of them
+    assert trace_cluster_shape(16, 8) == (2, 8)  # a multiple: the topology's nodes
+    assert trace_cluster_shape(12, 8) == (2, 6)  # else the largest divisor up to the topology's
+    assert trace_cluster_shape(4, 8, network="opera") == (16, 4)
+    assert trace_cluster_shape(4, 8, nodes=16) == (16, 4)  # --nodes: the network's size
+    assert trace_cluster_shape(4, 8, gpus_per_node=1) == (4, 1)
+    assert trace_cluster_shape(4, 8, nodes=2, gpus_per_node=2) == (2, 2)
+    with pytest.raises(ValueError, match=r"^--gpus-per-node 8 does not divide the trace's world size 4 "):
+        trace_cluster_shape(4, 8, gpus_per_node=8)
+    with pytest.raises(ValueError, match=r"^--nodes 1 is too few for the trace: its 4 ranks at --gpus-per-node 2 "
+                                         r"need 2 "):
+        trace_cluster_shape(4, 8, nodes=1, gpus_per_node=2)
+    with pytest.raises(ValueError, match=r"^--nodes 1 is too few .* 16 ranks at 8 GPUs per node \(derived"):
+        trace_cluster_shape(16, 8, nodes=1)
+
+
+def test_simulate_trace_errors_are_one_line(tmp_path):
+    """Inconsistent explicit flags and --compute markers the trace lacks: `neo-train: error: ...`, exit 2."""
+    import subprocess
+    import sys
+
+    _small_trace(tmp_path)
+    base = [sys.executable, "-m", "neo_train", "simulate", "--trace", str(tmp_path), "--network", "fattree"]
+    for extra, message in [
+        (["--gpus-per-node", "8"], "neo-train: error: --gpus-per-node 8 does not divide the trace's world size 4"),
+        (["--compute", "fwd=0.01,bwd=0.02"], "neo-train: error: --compute: the trace has no phase marker(s) 'fwd', "
+                                             "'bwd'; its markers are output_dist, dense_allreduce"),
+    ]:
+        r = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(message), (extra, r.stderr)
+
+
 def test_simulate_command_writes_timeline(tmp_path, capsys):
     from neo_train.topology.study import add_simulate_arguments, simulate_command
 

@@ -105,6 +105,39 @@ def test_a_training_step_is_traced_with_its_phases(train_traces):
     assert all(ranks == [0, 1] for ranks in groups.values())
 
 
+def test_a_training_trace_simulates_with_its_own_markers(train_traces, capsys):
+    """`neo-train simulate --trace` on a 2-rank training trace: the cluster follows the trace (2 ranks
+    on a topology of 8 GPUs per node used to fail), --compute takes the trace's own markers, and a
+    marker it lacks (the README's fwd/bwd) is an error listing those it has, not silently ignored."""
+    from neo_train.topology.study import add_simulate_arguments, simulate_command
+    from neo_train.topology.trace_input import load_trace as load_for_sim
+    from neo_train.topology.trace_input import trace_markers, trace_phases
+
+    trace_dir = Path(train_traces[0]).parent
+    traces = load_for_sim(trace_dir)
+    markers = trace_markers(traces)
+    assert {"input_dist", "output_dist", "output_dist_bwd", "dense_allreduce", "metrics"} <= set(markers), markers
+    with pytest.raises(ValueError, match=r"^compute: the trace has no phase marker\(s\) 'fwd', 'bwd'; its markers are "
+                                         r".*input_dist.*output_dist_bwd"):
+        trace_phases(traces, 2, {"fwd": 0.01, "bwd": 0.02})
+
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser)
+    bad = parser.parse_args(["--trace", str(trace_dir), "--network", "fattree", "--compute", "fwd=0.01,bwd=0.02"])
+    with pytest.raises(ValueError, match=r"^--compute: the trace has no phase marker\(s\) 'fwd', 'bwd'"):
+        simulate_command(bad)
+    secs = {"output_dist": 0.002, "output_dist_bwd": 0.01, "dense_allreduce": 0.005}
+    args = parser.parse_args(["--trace", str(trace_dir), "--network", "fattree", "--compute",
+                              ",".join(f"{k}={v}" for k, v in secs.items())])
+    assert simulate_command(args) == 0
+    out = capsys.readouterr().out
+    assert "trace: 2 ranks on 1 node(s) of 2 GPUs" in out
+    phases = trace_phases(traces, 2, secs)
+    runs = [p.name.split(":")[1] for p in phases if p.name.startswith("compute:")]
+    expected = sum(secs.get(m, 0.0) for m in runs)
+    assert expected > 0 and sum(p.seconds for p in phases if p.name.startswith("compute:")) == pytest.approx(expected)
+
+
 def _replay_body(comm, paths, rules):
     from neo_train.comm.schedules import TopologyHint
 

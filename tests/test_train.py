@@ -59,6 +59,20 @@ def test_nan_loss_stops_and_names_the_step():
         Trainer(unchecked, progress=False, train_data=batches()).run()
 
 
+@pytest.mark.parametrize("batch_size", [8, 64])
+def test_a_diverging_loss_stops_the_run_at_any_batch_size(batch_size):
+    """A dense learning rate of 100 sends the loss to ~1e6 within a few steps, finite: the run
+    stops at the first step above train.max_loss, keeping the losses before it."""
+    cfg = _tiny(steps=12, batch_size=batch_size, dense_optimizer="sgd", dense_lr=100.0, log_every=4)
+    t = Trainer(cfg, progress=False)
+    with pytest.raises(FloatingPointError, match=r"> train.max_loss = 50: the model diverged"):
+        t.run()
+    kept = t.result.losses
+    assert len(kept) < 12 and all(math.isfinite(v) and v <= 50 for v in kept), kept
+    unbounded = Trainer(cfg.replace(train=cfg.train.replace(max_loss=0.0)), progress=False).run()
+    assert len(unbounded.losses) == 12 and max(unbounded.losses) > 50  # the bound is what stopped it
+
+
 def test_cli_train_writes_metrics_and_tensorboard(tmp_path, capsys):
     out = tmp_path / "m.json"
     rc = main(["train", "--nproc", "1", "--preset", "tiny", "--steps", "5", "--batch-size", "16", "--metrics-out", str(out),

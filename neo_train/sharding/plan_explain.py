@@ -2,6 +2,7 @@
 that would (verified by planning again), the coverage check, and the naive baseline plan.
 
     check_coverage(model, plan)          # raises ValueError naming the table
+    checked_explanation(str(e), e.suggestions, model, cluster, opts)   # a PlanningError's report, its fix checked
     round_robin_plan(model, W, G)        # table i whole on rank i % W
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -21,7 +22,8 @@ from .plan import ShardingPlan, ShardingType
 if TYPE_CHECKING:
     from .planner import PlannerOptions, TableConstraint, _Planner
 
-__all__ = ["check_coverage", "round_robin_plan", "Fix", "explain_infeasible", "verify_fix"]
+__all__ = ["check_coverage", "round_robin_plan", "Fix", "explain_infeasible", "verify_fix", "check_fix",
+           "checked_explanation"]
 
 
 def _fmt_bytes(x: float) -> str:
@@ -88,30 +90,83 @@ def explain_infeasible(p: "_Planner", i: int) -> tuple[str, str, list[Fix]]:
     return "\n".join(lines), name, ordered
 
 
-def verify_fix(model: ModelConfig, cluster: ClusterSpec, opts: "PlannerOptions",
-                constraints: Mapping[str, "TableConstraint"], fix: Fix, tries: int = 5) -> str:
-    """Plan again with ``fix`` applied (adding 25% nodes after a miss, ``tries`` times): the
-    verified change, or '' when none of the tries fits."""
+def check_fix(model: ModelConfig, cluster: ClusterSpec, opts: "PlannerOptions",
+              constraints: Mapping[str, "TableConstraint"], fix: Fix, tries: int = 5, refine: int = 6) -> Fix | None:
+    """Plan again with ``fix`` applied: the fix as planning confirms it, or None when none of the
+    tries fits. Its node count starts at ``fix.nodes`` (the memory-sum estimate) and grows by 25%
+    after each miss, ``tries`` times; a fit above a miss (or above the cluster's own count) is then
+    bisected down, ``refine`` plans at most, so the count reported is the smallest one found that
+    planning again fits (the greedy planner is close to, not exactly, monotone in nodes)."""
     from .planner import PlanningError, _plan_once
 
     cons = dict(constraints)
     if fix.unconstrain:
         cons.pop(fix.unconstrain, None)
     if fix.unconstrain is None and fix.table_dtype is None and fix.nodes is None:
-        return ""
+        return None
     o = dataclasses.replace(opts, table_dtype=fix.table_dtype or opts.table_dtype)
-    nodes = fix.nodes or cluster.nodes
-    for _ in range(tries):
+
+    def fits(n: int) -> bool:
         try:
-            _plan_once(model, cluster.replace(nodes=nodes), o, cons)
+            _plan_once(model, cluster.replace(nodes=n), o, cons)
         except PlanningError:
-            nodes = max(nodes + 1, math.ceil(nodes * 1.25))
-            continue
-        parts = [f"--table-dtype {o.table_dtype}" if fix.table_dtype else "",
-                 f"--nodes {nodes} ({nodes * cluster.devices_per_node} devices)" if nodes != cluster.nodes else "",
-                 f"allowing row-wise for '{fix.unconstrain}'" if fix.unconstrain else ""]
-        return " and ".join(x for x in parts if x)
-    return ""
+            return False
+        return True
+
+    nodes = fix.nodes or cluster.nodes
+    miss = cluster.nodes if fix.nodes and fix.nodes > cluster.nodes else None  # the count that did not fit
+    for _ in range(tries):
+        if fits(nodes):
+            break
+        miss = nodes
+        nodes = max(nodes + 1, math.ceil(nodes * 1.25))
+    else:
+        return None
+    for _ in range(refine):  # the smallest count in (miss, nodes] that fits
+        if miss is None or nodes - miss <= 1:
+            break
+        mid = (miss + nodes) // 2
+        if fits(mid):
+            nodes = mid
+        else:
+            miss = mid
+    parts = [f"--table-dtype {o.table_dtype}" if fix.table_dtype else "",
+             f"--nodes {nodes} ({nodes * cluster.devices_per_node} devices)" if nodes != cluster.nodes else "",
+             f"allowing row-wise for '{fix.unconstrain}'" if fix.unconstrain else ""]
+    return Fix(" and ".join(x for x in parts if x), fix.table_dtype, nodes if nodes != cluster.nodes else None,
+               fix.unconstrain)
+
+
+def verify_fix(model: ModelConfig, cluster: ClusterSpec, opts: "PlannerOptions",
+               constraints: Mapping[str, "TableConstraint"], fix: Fix, tries: int = 5) -> str:
+    """Plan again with ``fix`` applied (see ``check_fix``): the verified change in words, or ''
+    when none of the tries fits."""
+    ok = check_fix(model, cluster, opts, constraints, fix, tries)
+    return ok.text if ok else ""
+
+
+_FIRST = "smallest change that would fit: "
+_OTHERS = "other options: "
+
+
+def checked_explanation(message: str, fixes: Sequence[Fix], model: ModelConfig, cluster: ClusterSpec,
+                        opts: "PlannerOptions", constraints: Mapping[str, "TableConstraint"] | None = None) -> str:
+    """``explain_infeasible``'s message with its first fix replaced by the one planning again
+    confirms (``check_fix``): the report then names one node count for that change, not the
+    memory-sum estimate beside the checked figure. The other options stay estimates, said so."""
+    if not fixes:
+        return message
+    body = [line for line in message.split("\n") if not line.startswith((_FIRST, _OTHERS))]
+    ok = check_fix(model, cluster, opts, constraints or {}, fixes[0])
+    if ok is not None:
+        body.append(f"smallest change that would fit (checked by planning again): {ok.text}")
+    else:
+        body += [_FIRST + fixes[0].text + " (estimated from the memory sum)",
+                 "(planning again with that change, and with up to 2.4x its nodes, still overflows)"]
+    if len(fixes) > 1:
+        body.append("other options (estimated from the memory sum, not checked): "
+                    + "; ".join(f.text for f in fixes[1:]))
+    return "\n".join(body)
 
 
 def round_robin_plan(model: ModelConfig, world_size: int, local_world_size: int) -> ShardingPlan:

@@ -43,7 +43,7 @@ from ..topology.spec import ClusterSpec
 from .cost_model import CostContext, CostEstimate, estimate
 from .loads import GROUP_OF, RankLoads, TableArrays, _max_excluding_self, row_ranges
 from .plan import Shard, ShardingPlan, ShardingType, TablePlan, even_splits
-from .plan_explain import Fix, check_coverage, explain_infeasible, round_robin_plan, verify_fix
+from .plan_explain import Fix, check_coverage, checked_explanation, explain_infeasible, round_robin_plan
 
 __all__ = [
     "TableConstraint",
@@ -540,11 +540,8 @@ def plan_sharding(
     except PlanningError as e:
         if strict:
             raise
-        explanation = str(e)
-        if check_fix and e.suggestions:
-            ok = verify_fix(model, cluster, opts, cons, e.suggestions[0])
-            explanation += (f"\nchecked by planning again: fits with {ok}" if ok else
-                            "\n(planning again with that change, and with up to 2.4x its nodes, still overflows)")
+        # one figure per change: the first fix as planning again confirms it
+        explanation = checked_explanation(str(e), e.suggestions, model, cluster, opts, cons) if check_fix else str(e)
         p = None
         for scale in (1.25, 1.5, 2, 3, 4, 8, 16, 64, 256, 1024, math.inf):
             try:

@@ -4,7 +4,7 @@
     neo-train simulate --model model_a --nodes 1024 --network fattree --allreduce ring --out sim/
     neo-train simulate --tables 100 --nodes 128 --network opera --bulk-threshold-mb 15
     neo-train simulate --nodes 16 --network fattree --routing ecmp
-    neo-train simulate --trace traces/ --nodes 16 --network opera --compute forward=0.01,backward=0.02
+    neo-train simulate --trace traces/ --network fattree --compute output_dist=0.002,output_dist_bwd=0.01
 
 The model defaults to the ISI Opera/DLRM study's Model-A (``workload.opera_model_a``: 1000 tables
 of 10^7 x 80, bags of 100, two 20-layer MLPs of 3375) at a global batch of 524,288, on the
@@ -17,6 +17,15 @@ fat-tree and flat, DPS on Opera.
 Prints the timeline with each collective's lower bound beside its simulated time, and the
 all-reduce vs all-to-all byte shares; ``--out DIR`` writes timeline.csv and summary.json.
 ``simulate_command`` returns the exit status; ``add_simulate_arguments`` fills a subparser.
+
+``--trace``: the cluster follows the trace (``trace_cluster_shape``): GPUs per node = the largest
+divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU topology is one
+node of 4), nodes = the nodes the ranks fill (Opera: its smallest study layout, 16 / 128 / 1024,
+that holds them); an explicit --gpus-per-node must divide the world size and an explicit --nodes
+must hold the ranks, else a ValueError naming the flags. ``--compute`` takes the trace's phase
+markers (seconds of compute before each run of that marker's collectives); neo_train's traces
+carry input_dist, output_dist, output_dist_bwd, dense_allreduce, metrics, ...; a name the trace
+lacks is an error listing the ones it has.
 """
 from __future__ import annotations
 
@@ -38,7 +47,7 @@ from .spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
 from .workload import PLACEMENTS, IterationSpec, build_iteration, opera_model_a
 
 __all__ = ["add_simulate_arguments", "simulate_command", "make_network", "run_iteration", "NETWORKS",
-           "cluster_for", "model_for"]
+           "cluster_for", "model_for", "trace_cluster_shape"]
 
 NETWORKS = ("opera", "fattree", "flat")
 _NETS: dict = {}
@@ -130,8 +139,11 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="opera_model_a",
                    help="opera_model_a (the ISI study's Model-A, default) or a config preset (model_a is Neo's)")
     p.add_argument("--tables", type=positive_int, help="use this many tables (opera_model_a: 1000 by default)")
-    p.add_argument("--nodes", type=positive_int, default=128, help="hosts (nodes of --gpus-per-node GPUs); default 128")
-    p.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default: the topology's, 8)")
+    p.add_argument("--nodes", type=positive_int,
+                   help="hosts (nodes of --gpus-per-node GPUs); default 128, with --trace the nodes its ranks fill")
+    p.add_argument("--gpus-per-node", type=positive_int,
+                   help="GPUs per node (default: the topology's, 8; with --trace the largest divisor of the trace's "
+                        "world size up to that)")
     p.add_argument("--network", choices=NETWORKS, default="opera")
     p.add_argument("--allreduce", choices=("auto",) + ALL_REDUCE_ALGORITHMS, default="auto",
                    help="dense all-reduce; auto = the study's pairing (DPS on opera, ring otherwise)")
@@ -152,10 +164,45 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--any-sharding", action="store_true",
                    help="let the planner use every sharding type (default: whole tables only, as the study)")
     p.add_argument("--trace", type=Path, help="simulate a recorded param comms trace (dir or JSON) instead")
-    p.add_argument("--compute", default="", help="with --trace: seconds per phase marker, e.g. fwd=0.01,bwd=0.02")
+    p.add_argument("--compute", default="",
+                   help="with --trace: seconds of compute before each run of a phase marker's collectives, e.g. "
+                        "output_dist=0.002,output_dist_bwd=0.01,dense_allreduce=0.005 (neo_train's markers; a name "
+                        "the trace lacks is an error listing its markers)")
     p.add_argument("--exact", action="store_true", help="every flow alone, no fast-forward (slow; a check)")
     p.add_argument("--seed", type=int, default=0, help="Opera schedule search seed")
     p.add_argument("--out", type=Path, help="write timeline.csv and summary.json here")
+
+
+def trace_cluster_shape(world: int, default_gpus: int, *, nodes: int | None = None, gpus_per_node: int | None = None,
+                        network: str = "fattree") -> tuple[int, int]:
+    """(nodes, GPUs per node) for simulating a trace of ``world`` ranks (rank r on node r // G).
+
+    G: ``gpus_per_node`` when given (it must divide ``world``), else the largest divisor of
+    ``world`` up to ``default_gpus`` (the topology's): a trace recorded on one machine with fewer
+    ranks than the topology's GPUs per node is one node of ``world`` GPUs; a multiple of the
+    topology's keeps it. Nodes: ``nodes`` when given (it must hold world // G nodes), else
+    world // G (Opera: the smallest of its study layouts, 16 / 128 / 1024, that holds them).
+    Inconsistent explicit values are a one-line ValueError naming the flags."""
+    if world < 1:
+        raise ValueError(f"the trace's world size must be >= 1, got {world}")
+    if gpus_per_node is not None:
+        G = gpus_per_node
+        if world % G:
+            raise ValueError(f"--gpus-per-node {G} does not divide the trace's world size {world} (rank r runs on node "
+                             f"r // {G}); give a divisor of {world}, or leave --gpus-per-node out to derive it")
+    else:
+        G = max(d for d in range(1, min(default_gpus, world) + 1) if world % d == 0)
+    need = world // G
+    if nodes is not None:
+        if nodes < need:
+            how = f"--gpus-per-node {G}" if gpus_per_node is not None else f"{G} GPUs per node (derived from the trace)"
+            raise ValueError(f"--nodes {nodes} is too few for the trace: its {world} ranks at {how} need {need} nodes")
+        return nodes, G
+    if network == "opera":
+        from .opera import OPERA_PRESETS
+
+        return next((n for n in sorted(OPERA_PRESETS) if n >= need), need), G
+    return need, G
 
 
 def _parse_compute(text: str) -> dict[str, float]:
@@ -170,26 +217,35 @@ def _parse_compute(text: str) -> dict[str, float]:
 
 def simulate_command(args: argparse.Namespace) -> int:
     GB = 1e9
-    cluster = cluster_for(args.topology, args.nodes, args.gpus_per_node,
-                          inter_node_bandwidth=args.nic_gbps * 1e9 / 8 if args.nic_gbps else None,
-                          device_flops=args.gpu_tflops * 1e12 if args.gpu_tflops else None,
-                          hbm_bandwidth=args.hbm_gbps * GB if args.hbm_gbps else None)
+    overrides = dict(inter_node_bandwidth=args.nic_gbps * 1e9 / 8 if args.nic_gbps else None,
+                     device_flops=args.gpu_tflops * 1e12 if args.gpu_tflops else None,
+                     hbm_bandwidth=args.hbm_gbps * GB if args.hbm_gbps else None)
     thr = args.bulk_threshold_mb * 1e6
     t0 = time.perf_counter()
     if args.trace:
-        from .trace_input import load_trace, trace_phases, trace_world_size
+        from .trace_input import check_compute_markers, load_trace, trace_markers, trace_phases, trace_world_size
 
+        compute = _parse_compute(args.compute)
+        traces = load_trace(args.trace)
+        world = trace_world_size(traces)
+        check_compute_markers(trace_markers(traces), compute, "--compute")
+        default_gpus = cluster_for(args.topology, 1).devices_per_node
+        nodes, G = trace_cluster_shape(world, default_gpus, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                       network=args.network)
+        cluster = cluster_for(args.topology, nodes, G, **overrides)
+        derived = "" if args.gpus_per_node else f" (GPUs per node derived from the trace; the topology has {default_gpus})"
+        print(f"trace: {world} ranks on {world // G} node(s) of {G} GPUs{derived}")
         ar = "ring" if args.allreduce == "auto" and args.network != "opera" else (
             "dps" if args.allreduce == "auto" else args.allreduce)
         net = make_network(args.network, cluster, bulk_threshold=thr, vlb=not args.no_vlb, seed=args.seed,
                            routing=args.routing)
-        traces = load_trace(args.trace)
-        net.hosts_for(trace_world_size(traces))  # a clear error when the trace needs more hosts
-        phases = trace_phases(traces, cluster.devices_per_node, _parse_compute(args.compute), allreduce=ar)
+        net.hosts_for(world)  # a clear error when the trace needs more hosts
+        phases = trace_phases(traces, G, compute, allreduce=ar)
         res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact)
         row: dict[str, Any] = {"trace": str(args.trace), "nodes": cluster.nodes, "network": args.network,
                                "allreduce": ar, "iteration_s": res.total, **res.totals()}
     else:
+        cluster = cluster_for(args.topology, args.nodes or 128, args.gpus_per_node, **overrides)
         model = model_for(args.model, args.tables)
         res, row = run_iteration(model, cluster, args.network, args.allreduce, global_batch=args.global_batch,
                                  bulk_threshold=thr, vlb=not args.no_vlb, a2a=args.a2a, input_dist=args.input_dist,

@@ -21,7 +21,9 @@ Matching: the k-th collective of a process group (its ``pg_id`` and ``global_ran
 is one collective (ranks issue a group's collectives in the same order, as NCCL requires);
 collectives are ordered by their mean ``startTime_ns`` (else by position). Ranks map to hosts as
 rank // devices_per_host. The schedule is a chain: for each change of phase (marker) a Compute of
-that phase's seconds, then the phase's collectives one after another. An all-reduce among ranks
+that phase's seconds, then the phase's collectives one after another; ``compute`` may name only
+markers the trace has (``trace_markers``; neo_train's tracer writes its collectives' tags:
+input_dist, output_dist, output_dist_bwd, dense_allreduce, metrics, ...), else a ValueError. An all-reduce among ranks
 of several hosts runs as ``allreduce`` (ring / dps / hier_*) among those hosts; inside one host, as
 a ring over its internal fabric.
 """
@@ -30,14 +32,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .collectives import all_reduce, ring_all_gather
 from .simulator import Comm, Compute, Phase, Transfer
 
-__all__ = ["load_trace", "trace_phases", "trace_world_size", "DTYPE_BYTES", "SUPPORTED_COMMS"]
+__all__ = ["load_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
+           "DTYPE_BYTES", "SUPPORTED_COMMS"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -106,10 +109,51 @@ def _phase(e: Mapping[str, Any]) -> str:
 
 def trace_phases(traces: Mapping[int, list], devices_per_host: int, compute: Mapping[str, float] | None = None, *,
                  allreduce: str = "ring", default_compute: float = 0.0) -> list[Phase]:
-    """The trace as a chain of Compute and Comm phases (see the module docstring)."""
+    """The trace as a chain of Compute and Comm phases (see the module docstring). ``compute``
+    names phase markers of the trace (``trace_markers``); a name the trace lacks is a ValueError."""
     G = devices_per_host
     world = trace_world_size(traces)
     one_trace = len(traces) == 1 and world > 1
+    ordered = _matched(traces)
+    check_compute_markers([_phase(by_rank[min(by_rank)]) for _, by_rank in ordered], compute or {})
+    phases: list[Phase] = []
+    last: tuple[str, ...] = ()
+    current = None
+    for n, ((pg, k), by_rank) in enumerate(ordered):
+        e0 = by_rank[min(by_rank)]
+        ph = _phase(e0)
+        if ph != current:
+            current = ph
+            sec = (compute or {}).get(ph, default_compute)
+            nm = f"compute:{ph}:{n}"
+            phases.append(Compute(nm, float(sec), last))
+            last = (nm,)
+        comm = _collective(f"{_comm_name(e0)}:{ph}:{n}", by_rank, world, G, one_trace, allreduce, last)
+        phases.append(comm)
+        last = (comm.name,)
+    return phases
+
+
+def trace_markers(traces: Mapping[int, list]) -> list[str]:
+    """The phase markers of the trace's collectives, in schedule order, each once: the names
+    ``trace_phases``' ``compute`` (``neo-train simulate --compute``) takes. neo_train's own traces
+    (``neo_train.comm.trace``) carry the collective's tag: input_dist, output_dist,
+    output_dist_bwd, dense_allreduce, metrics, config_check, ..."""
+    return list(dict.fromkeys(_phase(by_rank[min(by_rank)]) for _, by_rank in _matched(traces)))
+
+
+def check_compute_markers(markers: Sequence[str], compute: Mapping[str, float], what: str = "compute") -> None:
+    """ValueError (one line) when ``compute`` names a marker not in ``markers``: such seconds would
+    silently go nowhere."""
+    known = list(dict.fromkeys(markers))
+    unknown = [k for k in compute if k not in known]
+    if unknown:
+        raise ValueError(f"{what}: the trace has no phase marker(s) {', '.join(map(repr, unknown))}; its markers are "
+                         f"{', '.join(known) or '(none)'}")
+
+
+def _matched(traces: Mapping[int, list]) -> list[tuple[tuple[Any, int], dict[int, dict]]]:
+    """The trace's collectives matched across ranks, in schedule order: ((group, k), {rank: entry})."""
     # per rank: its collectives, numbered within their process group
     colls: dict[tuple[Any, int], dict[int, dict]] = {}
     for rank, entries in traces.items():
@@ -134,22 +178,7 @@ def trace_phases(traces: Mapping[int, list], devices_per_host: int, compute: Map
         pos = np.mean([e["_pos"] for e in item[1].values()])
         return (float(np.mean(starts)) if starts else float(pos), float(pos))
 
-    phases: list[Phase] = []
-    last: tuple[str, ...] = ()
-    current = None
-    for n, ((pg, k), by_rank) in enumerate(sorted(colls.items(), key=when)):
-        e0 = by_rank[min(by_rank)]
-        ph = _phase(e0)
-        if ph != current:
-            current = ph
-            sec = (compute or {}).get(ph, default_compute)
-            nm = f"compute:{ph}:{n}"
-            phases.append(Compute(nm, float(sec), last))
-            last = (nm,)
-        comm = _collective(f"{_comm_name(e0)}:{ph}:{n}", by_rank, world, G, one_trace, allreduce, last)
-        phases.append(comm)
-        last = (comm.name,)
-    return phases
+    return sorted(colls.items(), key=when)
 
 
 def trace_world_size(traces: Mapping[int, list]) -> int:

@@ -330,11 +330,13 @@ class Trainer:
             losses = self.global_means(torch.stack(pending))
             pending.clear()
             first = step - len(losses)
-            bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+            cap = t.max_loss or math.inf
+            bad = next((i for i, v in enumerate(losses) if not math.isfinite(v) or v > cap), None)
             if bad is not None:
                 result.losses.extend(losses[:bad])  # the steps before it stay recorded
+                why = "" if not math.isfinite(losses[bad]) else f" > train.max_loss = {t.max_loss:g}: the model diverged"
                 raise FloatingPointError(
-                    f"loss is {losses[bad]} at step {first + bad}{self._where()}; stopping (check learning rates and inputs)"
+                    f"loss is {losses[bad]:.6g} at step {first + bad}{why}; stopping (check learning rates and inputs)"
                 )
             if self.writer is not None:
                 for i, v in enumerate(losses):
