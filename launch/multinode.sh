@@ -11,8 +11,8 @@
 set -euo pipefail
 : "${NNODES:?set NNODES}" "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}"
 MASTER_PORT=${MASTER_PORT:-29500}
-GPUS_PER_NODE=${GPUS_PER_NODE:-$(python3 -c 'import torch; print(torch.cuda.device_count() or 1)')}
-PYTHON=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/_python.sh"
+GPUS_PER_NODE=${GPUS_PER_NODE:-$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() or 1)')}
 exec "$PYTHON" -m torch.distributed.run \
     --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE" \
     --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-neo_train}" \

@@ -15,7 +15,7 @@
 """
 from __future__ import annotations
 
-from .config import positive_int
+from .config import nonnegative_int, positive_int
 import argparse
 import os
 import sys
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hosts-per-rack", type=int, help="ranks per rack for the opera algorithm")
     t.add_argument("--trace-dir", help="record every collective (param comms-trace JSON) here")
     t.add_argument("--verbose", action="store_true", help="full tracebacks (default: one line per failing rank)")
-    t.add_argument("--max-restarts", type=int, default=0, help="elastic restarts after a rank fails (with --nproc; resumes from the newest checkpoint)")
+    t.add_argument("--max-restarts", type=nonnegative_int, default=0, help="elastic restarts after a rank fails (with --nproc; resumes from the newest checkpoint)")
 
     c = sub.add_parser("config", help="print or write a preset as TOML")
     c.add_argument("--preset", default="small", choices=PRESETS)
@@ -335,14 +335,26 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
     L = args.local_world_size or nproc
     if nproc % L:
         raise ValueError(f"--local-world-size {L} does not divide --nproc {nproc}")
+    if args.device is not None:
+        import torch
+
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            raise ValueError(f"--device {args.device!r} is not a device (cpu, cuda, cuda:N)") from None
     if cfg.dist.plan_path and nproc > 1:
         from .sharding import ShardingPlan
 
         if not Path(cfg.dist.plan_path).is_file():
             raise ValueError(f"plan file {cfg.dist.plan_path} does not exist")
-        ShardingPlan.from_json(cfg.dist.plan_path).validate(cfg.model, nproc, L)
+        try:
+            ShardingPlan.from_json(cfg.dist.plan_path).validate(cfg.model, nproc, L)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"plan file {cfg.dist.plan_path}: {str(e).splitlines()[0] if str(e) else repr(e)}") from None
     if cfg.data.source == "criteo":
         for what, path in (("--data-path", cfg.data.path), ("--eval-path", cfg.data.eval_path)):
+            if path and Path(path).is_dir():
+                raise ValueError(f"{what} {path} is a directory, not a Criteo TSV file")
             if path and not Path(path).is_file():
                 raise ValueError(f"{what} {path}: no such file")
         from .data.criteo import count_global_batches
@@ -361,11 +373,17 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
         probe = d
         while not probe.exists():
             probe = probe.parent
+        if not probe.is_dir():
+            raise ValueError(f"{what} {path} lies under {probe}, which is a file, not a directory")
         if not os.access(probe, os.W_OK):
             raise ValueError(f"{what} {path} is not writable")
 
     if cfg.train.checkpoint_dir:
         writable_dir("--checkpoint-dir", cfg.train.checkpoint_dir)
+        if cfg.train.resume:  # a damaged or foreign checkpoint: said here, once, not by every rank
+            from .train.checkpoint import check_resumable
+
+            check_resumable(cfg.train.checkpoint_dir, cfg)
     if cfg.dist.trace_dir:
         writable_dir("--trace-dir", cfg.dist.trace_dir)
     if args.metrics_out:
@@ -398,6 +416,8 @@ def _config(args: argparse.Namespace) -> int:
 
     text = preset(args.preset, row_scale=args.row_scale).dumps()
     if args.out:
+        if args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a directory; give a file path")
         args.out.write_text(text)
         print(f"wrote {args.out}")
     else:
@@ -429,11 +449,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,
                 "replay": replay_command, "simulate": simulate_command}
     from .comm import CollectiveError
+    from .train.checkpoint import CheckpointError
 
     try:
         return handlers[args.command](args)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"neo-train: error: {e}", file=sys.stderr)
+    except (ValueError, OSError, FloatingPointError, CheckpointError) as e:
+        if getattr(args, "verbose", False):
+            raise
+        if isinstance(e, ValueError):  # ours: written to be read whole (a planner's report may take lines)
+            text = str(e)
+        else:
+            text = str(e) if isinstance(e, (FileNotFoundError, CheckpointError)) else f"{type(e).__name__}: {e}"
+            text = (text.splitlines() or [""])[0]
+        print(f"neo-train: error: {text}", file=sys.stderr)
         return 2
     except CollectiveError as e:  # a peer died or hung: one line naming this rank and the collective
         if getattr(args, "verbose", False):

@@ -60,6 +60,14 @@ def positive_int(text: str) -> int:
     return v
 
 
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     v = float(text)

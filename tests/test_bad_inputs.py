@@ -190,10 +190,8 @@ _NOT_AS_ROOT = pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
                                   reason="root may write to a read-only directory")
 
 
-# A damaged checkpoint is found inside the run (Trainer.run -> resume_from_latest), not by the
-# launcher; the message of its CheckpointError is right, but CheckpointError is a RuntimeError.
-CK = ("CheckpointError (a RuntimeError) escapes Trainer.run and cli.main catches only ValueError / "
-      "FileNotFoundError / FloatingPointError: a traceback and exit code 1 (the message itself is right)")
+# A damaged or foreign checkpoint is found by the launcher (cli.preflight -> check_resumable),
+# before any rank starts; a hash mismatch only when the run loads it (it hashes every file).
 
 D = "{tmp}/d.tsv"
 CASES = [
@@ -222,7 +220,7 @@ CASES = [
       {"d.tsv": criteo(n=3)}, id="criteo-shorter-than-a-batch"),
     C([*CRITEO, "{tmp}/missing.tsv"], "--data-path {tmp}/missing.tsv", "no such file", id="criteo-missing-file"),
     C([*CRITEO, "{tmp}/dir"], "--data-path {tmp}/dir", "is a directory", {"dir": None},
-      xfail="a directory given as --data-path is reported as 'no such file'", id="criteo-directory"),
+      id="criteo-directory"),
     C([*CRITEO, D, "--eval-path", "{tmp}/missing.tsv"], "--eval-path {tmp}/missing.tsv", "no such file",
       {"d.tsv": criteo()}, id="criteo-missing-eval-file"),
     C([*TRAIN, "--preset", "tiny", "--data", "criteo"], "data.path", "needs a path", id="criteo-without-path"),
@@ -269,19 +267,18 @@ CASES = [
     C([*TINY_2, "--plan", "{tmp}/missing.json"], "{tmp}/missing.json", "does not exist", id="plan-missing"),
     C([*TINY_2, "--plan", "{tmp}/p.json"], ("{tmp}/p.json", "--plan"), "not valid JSON",
       {"p.json": '{"world_size": 2, "tables": [,]}'},
-      xfail="the error does not name the plan file (ShardingPlan.from_json's message has no path)",
       id="plan-malformed-json"),
     C([*TINY_2, "--plan", "{tmp}/p.json"], ("{tmp}/p.json", "--plan"), ("malformed", "tables"),
       {"p.json": '{"world_size": 2, "local_world_size": 2}'},
-      xfail="the error does not name the plan file", id="plan-missing-key"),
+      id="plan-missing-key"),
     C([*TINY_2, "--plan", "{tmp}/p.json"], ("{tmp}/p.json", "--plan"), ("world size 4", "2 ranks"),
-      {"p.json": PLAN_4}, xfail="the error does not name the plan file", id="plan-other-world-size"),
+      {"p.json": PLAN_4}, id="plan-other-world-size"),
     C([*TINY_2, "--plan", "{tmp}/p.json"], ("{tmp}/p.json", "--plan"), ("'t4'", "that the model does not have"),
-      {"p.json": PLAN_SMALL}, xfail="the error does not name the plan file", id="plan-other-model"),
+      {"p.json": PLAN_SMALL}, id="plan-other-model"),
     C([*TINY_2, "--plan", "{tmp}/p.json"], ("{tmp}/p.json", "--plan"), ("table 't0'", "shard on rank 7"),
-      {"p.json": PLAN_RANK_7}, xfail="the error does not name the plan file", id="plan-rank-out-of-range"),
+      {"p.json": PLAN_RANK_7}, id="plan-rank-out-of-range"),
     C([*TINY_2, "--plan", "{tmp}/p.json"], ("{tmp}/p.json", "--plan"), "unknown sharding type 'rowwise'",
-      {"p.json": PLAN_BAD_TYPE}, xfail="the error does not name the plan file", id="plan-unknown-sharding-type"),
+      {"p.json": PLAN_BAD_TYPE}, id="plan-unknown-sharding-type"),
 
     # -- train flags -------------------------------------------------------------------------------
     C([*TINY, "--stpes", "3"], "--stpes", "unrecognized arguments", id="flag-unknown"),
@@ -304,17 +301,12 @@ CASES = [
     C([*TINY, "--checkpoint-dir", "{tmp}/f"], "--checkpoint-dir {tmp}/f", "is a file, not a directory",
       {"f": "x"}, id="flag-checkpoint-dir-is-a-file"),
     C([*TINY, "--checkpoint-dir", "{tmp}/f/ck"], ("--checkpoint-dir {tmp}/f/ck", "{tmp}/f"), "not a directory",
-      {"f": "x"}, xfail="a --checkpoint-dir under a regular file passes preflight (it checks only that the "
-      "nearest existing ancestor is writable, not that it is a directory); the first save then raises "
-      "CheckpointError(NotADirectoryError): traceback", id="flag-checkpoint-dir-under-a-file"),
+      {"f": "x"}, id="flag-checkpoint-dir-under-a-file"),
     C([*TINY, "--checkpoint-dir", "{tmp}/ro/ck"], "--checkpoint-dir {tmp}/ro/ck", "is not writable", {"ro": None},
       prepare=_read_only("ro"), marks=[_NOT_AS_ROOT], id="flag-checkpoint-dir-unwritable"),
     C([*TINY, "--device", "tpu"], "--device", "'tpu'",
-      xfail="--device tpu is not checked before the run: torch.device() in Trainer.__init__ raises "
-      "RuntimeError, which main does not catch: traceback",
       id="flag-device-unknown"),
     C([*TINY, "--max-restarts", "-1"], "--max-restarts", "must be >= 0",
-      xfail="--max-restarts -1 is accepted (type=int, never checked); with --nproc 1 the run trains and exits 0",
       id="flag-max-restarts-negative"),
     C([*TINY, "--comm-dtype-fwd", "fp8"], "--comm-dtype-fwd", "invalid choice: 'fp8'", id="flag-comm-dtype-unknown"),
     C([*TINY, "--trace-dir", "{tmp}/f"], "--trace-dir {tmp}/f", "is a file, not a directory", {"f": "x"},
@@ -324,7 +316,6 @@ CASES = [
     C(["config", "--preset", "tiny", "--row-scale", "-1"], "row_scale", "must be a positive number",
       id="config-row-scale-negative"),
     C(["config", "--preset", "tiny", "--out", "{tmp}"], "{tmp}", "is a directory",
-      xfail="`config --out DIR` raises IsADirectoryError (an OSError main does not catch): traceback",
       id="config-out-directory"),
     C([*PLAN, "--nodes", "0"], "--nodes", "must be >= 1, got 0", id="plan-cmd-nodes-0"),
     C([*PLAN, "--gpus-per-node", "0"], "--gpus-per-node", "must be >= 1, got 0", id="plan-cmd-gpus-per-node-0"),
@@ -413,16 +404,16 @@ CASES = [
 
     # -- checkpoints (a real 2-step checkpoint of `tiny`, damaged; resumed by a 3-step run) ------
     C(RESUME, "{tmp}/ck/latest", "not a checkpoint directory inside", checkpoint=_latest_outside,
-      xfail=CK, id="ckpt-latest-outside-dir"),
-    C(RESUME, "{tmp}/ck/step_00000002", "has no manifest.json", checkpoint=_no_manifest, xfail=CK, id="ckpt-manifest-deleted"),
-    C(RESUME, "'manifest.json'", "is unreadable", checkpoint=_manifest_not_json, xfail=CK, id="ckpt-manifest-not-json"),
+      id="ckpt-latest-outside-dir"),
+    C(RESUME, "{tmp}/ck/step_00000002", "has no manifest.json", checkpoint=_no_manifest, id="ckpt-manifest-deleted"),
+    C(RESUME, "'manifest.json'", "is unreadable", checkpoint=_manifest_not_json, id="ckpt-manifest-not-json"),
     C(RESUME, "'manifest.json'", "its own digest does not match", checkpoint=_tampered_manifest,
-      xfail=CK, id="ckpt-manifest-tampered"),
-    C(RESUME, "'checkpoint.json'", "is missing from", checkpoint=_no_meta, xfail=CK, id="ckpt-meta-deleted"),
-    C(RESUME, "'__0_0.distcp'", "truncated or damaged", checkpoint=_truncated_shard, xfail=CK, id="ckpt-truncated-shard"),
-    C(RESUME, "'__0_0.distcp'", ("is corrupted", "SHA-256"), checkpoint=_flipped_byte, xfail=CK, id="ckpt-hash-mismatch"),
+      id="ckpt-manifest-tampered"),
+    C(RESUME, "'checkpoint.json'", "is missing from", checkpoint=_no_meta, id="ckpt-meta-deleted"),
+    C(RESUME, "'__0_0.distcp'", "truncated or damaged", checkpoint=_truncated_shard, id="ckpt-truncated-shard"),
+    C(RESUME, "'__0_0.distcp'", ("is corrupted", "SHA-256"), checkpoint=_flipped_byte, id="ckpt-hash-mismatch"),
     C([*RESUME, "--row-scale", "2"], "{tmp}/ck/step_00000002", ("different model", "num_rows: checkpoint 100, this run 200"),
-      checkpoint=lambda ck: None, xfail=CK, id="ckpt-other-model"),
+      checkpoint=lambda ck: None, id="ckpt-other-model"),
     C([*RESUME, "--steps", "1"], "{tmp}/ck", ("at step 2", "beyond train.steps = 1"), checkpoint=lambda ck: None,
       id="ckpt-beyond-steps"),
 ]

@@ -44,3 +44,26 @@ def test_a_plan_for_another_world_size_is_refused(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ENV)
     assert p.returncode != 0
     assert "plan is for world size 4, but the job has 2 ranks" in p.stdout + p.stderr
+
+
+def test_the_launch_script_finds_the_python_that_has_neo_train(tmp_path):
+    """launch/single_node.sh from a shell without the venv on PATH: it uses $PYTHON, else the
+    active venv, else the repository's .venv; a Python without neo_train is one line, rc 2."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "launch" / "single_node.sh"
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NPROC": "2"}
+    venv = Path(sys.executable).parent.parent  # the venv running the tests, as an activated one
+    out = tmp_path / "m.json"
+    p = subprocess.run(["bash", str(script), "--preset", "tiny", "--steps", "2", "--batch-size", "8", "--backend",
+                        "reference", "--log-dir", "none", "--no-progress", "--metrics-out", str(out)],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path, env={**bare, "VIRTUAL_ENV": str(venv)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "intra-op thread(s) per rank" in p.stdout and len(json.loads(out.read_text())["losses"]) == 2
+    nothing = tmp_path / "nothing"
+    nothing.write_text("#!/bin/sh\nexit 1\n")
+    nothing.chmod(0o755)
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**bare, "PYTHON": str(nothing)})
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f"single_node.sh: error: {nothing} cannot import neo_train; run ./install.sh or set PYTHON=/path/to/python"]

@@ -95,6 +95,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointError",
+    "check_resumable",
     "save_checkpoint",
     "load_checkpoint",
     "find_latest",
@@ -249,9 +250,32 @@ def find_latest(root: str | Path) -> Path | None:
     return None if best is None else best[1]
 
 
-def verify_checkpoint(directory: str | Path, comm: "Communicator | None" = None) -> None:
+def check_resumable(root: str | Path, cfg: Config) -> Path | None:
+    """What a launcher can check before starting any rank, without hashing: the newest checkpoint
+    under ``root`` (None if none), its manifest, every file's presence and size, that it was saved
+    for this model and optimizer, and that it lies within ``train.steps``. CheckpointError names
+    the file; the ranks still check the hashes when they load it."""
+    latest = find_latest(root)
+    if latest is None:
+        return None
+    verify_checkpoint(latest, hashes=False)
+    meta = _read_json(latest / META)
+    _check_compatible(meta, cfg, latest)
+    step = meta.get("step") if isinstance(meta, dict) else None
+    if not isinstance(step, int):
+        raise CheckpointError(f"checkpoint file '{META}' in {latest} has no step")
+    if step > cfg.train.steps:
+        raise CheckpointError(
+            f"the newest checkpoint under {root} is at step {step}, beyond train.steps = {cfg.train.steps}: "
+            f"nothing to train (raise --steps, or use another --checkpoint-dir / --no-resume)"
+        )
+    return latest
+
+
+def verify_checkpoint(directory: str | Path, comm: "Communicator | None" = None, *, hashes: bool = True) -> None:
     """Check every file against the manifest (collective with ``comm``: the ranks share the
-    hashing). Raises CheckpointError naming the first missing, truncated or corrupted file."""
+    hashing; ``hashes=False``: sizes only, no reading). Raises CheckpointError naming the first
+    missing, truncated or corrupted file."""
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"checkpoint directory {d} does not exist")
@@ -262,7 +286,7 @@ def verify_checkpoint(directory: str | Path, comm: "Communicator | None" = None)
     if manifest.get("self_sha256") != _digest_of(files):
         raise CheckpointError(f"checkpoint file '{MANIFEST}' in {d} is corrupted (its own digest does not match)")
     names = sorted(files)
-    got = _digest_files(comm, d, names)
+    got = _digest_files(comm, d, names) if hashes else {n: _size(d / n) for n in names}
     for n in names:
         (digest, size), want = got[n], files[n]
         if size < 0:
@@ -271,7 +295,7 @@ def verify_checkpoint(directory: str | Path, comm: "Communicator | None" = None)
             raise CheckpointError(
                 f"checkpoint file '{n}' in {d} is truncated or damaged: {size} bytes, the manifest records {want['bytes']}"
             )
-        if digest != want["sha256"]:
+        if hashes and digest != want["sha256"]:
             raise CheckpointError(
                 f"checkpoint file '{n}' in {d} is corrupted: SHA-256 {digest[:16]}... differs from the "
                 f"manifest's {want['sha256'][:16]}..."
@@ -602,6 +626,14 @@ def _sha256(path: Path) -> tuple[str, int]:
             h.update(chunk)
             size += len(chunk)
     return h.hexdigest(), size
+
+
+def _size(path: Path) -> tuple[str, int]:
+    """('', size), size -1 when the file is missing or unreadable (verify_checkpoint's shape)."""
+    try:
+        return "", path.stat().st_size if path.is_file() else -1
+    except OSError:
+        return "", -1
 
 
 def _digest_files(comm: "Communicator | None", d: Path, names: list[str]) -> dict[str, tuple[str, int]]:
