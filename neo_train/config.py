@@ -68,6 +68,14 @@ def nonnegative_int(text: str) -> int:
     return v
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    v = float(text)
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     v = float(text)

@@ -325,10 +325,9 @@ CASES = [
       id="plan-cmd-preset-and-config"),
     C([*PLAN, "--optimizer", "adagard"], "optimizer", "must be one of", id="plan-cmd-unknown-optimizer"),
     C([*PLAN, "--memory-fraction", "nan"], "--memory-fraction", "nan",
-      xfail="--memory-fraction nan: 'cannot convert float NaN to integer', naming neither the flag nor the value",
       id="plan-cmd-memory-fraction-nan"),
     C([*PLAN, "--out", "{tmp}"], ("--out", "{tmp}"), "is a directory",
-      xfail="`plan --out DIR` raises IsADirectoryError after planning: traceback", id="plan-cmd-out-directory"),
+      id="plan-cmd-out-directory"),
 
     # -- simulate ----------------------------------------------------------------------------------
     C([*SIM, "--nodes", "0"], "--nodes", "must be >= 1, got 0", id="sim-nodes-0"),
@@ -345,11 +344,12 @@ CASES = [
     C([*SIM_TRACE[:2], "1", *SIM_TRACE[3:]], "--nodes 1", "too few for the trace", trace(a2a()),
       id="sim-trace-needs-more-nodes"),
     C([*SIM_TRACE, "--out", "{tmp}/f"], ("--out", "{tmp}/f"), "not a directory", {"f": "x", **trace(a2a())},
-      xfail="`simulate --out FILE` raises FileExistsError from mkdir after simulating: traceback",
       id="sim-out-is-a-file"),
     C([*SIM_TRACE, "--compute", "fwd=fast"], "--compute", "'fast'", trace(a2a()),
-      xfail="`--compute fwd=fast`: float()'s bare 'could not convert string to float' names neither --compute "
-      "nor the marker", id="sim-compute-not-a-number"),
+      id="sim-compute-not-a-number"),
+    C([*SIM, "--compute", "input_dist=0.01"], "--compute", "applies to --trace only", id="sim-compute-without-trace"),
+    C([*SIM, "--bulk-threshold-mb", "nan"], "--bulk-threshold-mb", "must be a finite number >= 0, got nan",
+      id="sim-bulk-threshold-nan"),
 
     # -- simulate --trace ----------------------------------------------------------------------------
     C([*SIM_TRACE], "{tmp}/tr", "does not exist", id="sim-trace-missing-dir"),
@@ -360,19 +360,13 @@ CASES = [
     C([*SIM_TRACE], ("{tmp}/tr/rank0.json", "rank 0 entry 0"), "unsupported collective 'all_to_some'",
       trace(a2a(comms="all_to_some")), id="sim-trace-unknown-comms"),
     C([*SIM_TRACE], ("{tmp}/tr/rank0.json", "rank 0 entry 0"), ("in_msg_size", "-8"),
-      trace(a2a(in_msg_size=-8, in_split=[])), xfail="refused only deep in the simulator ('transfer: bytes must be "
-      "finite and >= 0'), naming neither the trace file nor the entry",
-      id="sim-trace-negative-size"),
+      trace(a2a(in_msg_size=-8, in_split=[])), id="sim-trace-negative-size"),
     C([*SIM_TRACE], ("{tmp}/tr/rank0.json", "rank 0 entry 0"), ("in_split", "-4"),
-      trace(a2a(in_split=[-4, 12])), xfail="refused only deep in the simulator ('transfer: bytes must be "
-      "finite and >= 0'), naming neither the trace file nor the entry",
-      id="sim-trace-negative-split"),
+      trace(a2a(in_split=[-4, 12])), id="sim-trace-negative-split"),
     C([*SIM_TRACE], ("{tmp}/tr/rank0.json", "rank 0 entry 0"), "expected an object",
-      trace(5), xfail="an entry that is not a JSON object raises AttributeError: traceback",
-      id="sim-trace-entry-not-an-object"),
+      trace(5), id="sim-trace-entry-not-an-object"),
     C([*SIM_TRACE], ("{tmp}/tr/rank0.json", "rank 0 entry 0"), "dtype 'float7'",
-      trace(a2a(dtype="float7")), xfail="'trace: unknown dtype' names neither the file nor the rank/entry",
-      id="sim-trace-unknown-dtype"),
+      trace(a2a(dtype="float7")), id="sim-trace-unknown-dtype"),
 
     # -- replay ------------------------------------------------------------------------------------
     C(["replay", "{tmp}/tr"], "{tmp}/tr", "no such trace file", id="replay-missing"),

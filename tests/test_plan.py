@@ -117,3 +117,42 @@ def test_plan_report_names_one_node_count_for_its_fix(capsys):
     _plan_once(m, c.replace(nodes=n), opts, {})
     with pytest.raises(PlanningError):
         _plan_once(m, c.replace(nodes=n - 1), opts, {})
+
+
+# ---- `neo-train plan`: bad flags are one-line errors, found before planning ---------------------
+
+def _cli(argv, capsys):
+    from neo_train.cli import main
+
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in out + err, (rc, out, err)
+    return rc, out, lines[0]
+
+
+_PLAN = ["plan", "--preset", "tiny", "--topology", "cpu_local", "--gpus-per-node", "2"]
+
+
+@pytest.mark.parametrize("flag", ["--out", "--summary-json"])
+def test_plan_output_that_is_a_directory_is_refused_before_planning(tmp_path, capsys, flag):
+    rc, out, line = _cli([*_PLAN, flag, str(tmp_path)], capsys)
+    assert rc == 2 and line == f"neo-train: error: {flag} {tmp_path} is a directory; give a file path"
+    assert "planning" not in out  # said before the planner ran
+    rc, out, line = _cli([*_PLAN, flag, str(tmp_path / "missing" / "p.json")], capsys)
+    assert rc == 2 and line.startswith(f"neo-train: error: {flag} {tmp_path / 'missing' / 'p.json'}: directory ")
+    assert "does not exist" in line and "planning" not in out
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-0.5", "1.01", "lots"])
+def test_plan_memory_fraction_must_be_a_finite_share(capsys, value):
+    rc, _, line = _cli([*_PLAN, "--memory-fraction", value], capsys)
+    assert rc == 2 and "argument --memory-fraction" in line and "(0, 1]" in line and value in line, line
+
+
+def test_plan_memory_fraction_one_and_out_file_are_accepted(tmp_path, capsys):
+    from neo_train.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main([*_PLAN, "--memory-fraction", "1", "--out", str(out)]) == 0, capsys.readouterr()
+    assert ShardingPlan.from_json(str(out)).world_size == 2

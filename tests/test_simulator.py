@@ -3,6 +3,7 @@ input, the Model-A workload, and speed."""
 import argparse
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -430,3 +431,115 @@ def test_sub_resolution_completions_still_make_progress():
                         "--nic-gbps", "1e12"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "bytes on the network per iteration" in r.stdout
+
+
+# ---- malformed traces and flags: one-line errors naming the file, rank, entry and field ----------
+
+def _a2a(**over):
+    e = {"comms": "all_to_allv", "in_msg_size": 8, "out_msg_size": 8, "in_split": [4, 4], "out_split": [4, 4],
+         "dtype": "float", "world_size": 2, "pg_id": 0, "global_ranks": [0, 1], "startTime_ns": 1000,
+         "markers": ["fwd"]}
+    e.update(over)
+    return e
+
+
+def _two_ranks(path, entry0):
+    """rank0.json with ``entry0`` first, rank1.json a good entry."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "rank0.json").write_text(json.dumps([entry0]))
+    (path / "rank1.json").write_text(json.dumps([_a2a()]))
+    return path
+
+
+def _cli_error(argv, capsys):
+    """``neo-train ARGV`` in this process: exit code 2 and exactly one stderr line, returned."""
+    from neo_train.cli import main
+
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in out + err, (rc, out, err)
+    assert lines[0].startswith("neo-train: error: "), lines
+    return out, lines[0]
+
+
+_SIM = ["simulate", "--nodes", "2", "--gpus-per-node", "1", "--network", "flat", "--trace"]
+
+
+@pytest.mark.parametrize("entry0, what", [
+    (_a2a(in_msg_size=-8, in_split=[]), "(all_to_allv): in_msg_size must be an integer >= 0, got -8"),
+    (_a2a(in_split=[-4, 12]), "(all_to_allv): in_split must be non-negative integers, got [-4, 12]"),
+    (_a2a(in_split="44"), "(all_to_allv): in_split must be a list of non-negative integers, got '44'"),
+    (_a2a(in_split=[8], out_split=[8]), "(all_to_allv): in_split has 1 entries for a group of 2 ranks"),
+    (_a2a(in_msg_size=8.5, in_split=[]), "in_msg_size must be an integer >= 0, got 8.5"),
+    (_a2a(global_ranks=[0, -1]), "global_ranks must be non-negative integers, got [0, -1]"),
+    (_a2a(pg_id=[1]), "pg_id must be an integer, got [1]"),
+    (_a2a(startTime_ns="soon"), "startTime_ns must be a number, got 'soon'"),
+    (5, ": expected an object, got 5"),
+    (_a2a(dtype="float7"), "(all_to_allv): unknown dtype 'float7' (known: bf16, "),
+    (_a2a(comms="all_to_some"), ": unsupported collective 'all_to_some'"),
+    ({"comms": "send", "in_msg_size": 4, "dtype": "float"}, "(send): a send needs its dst_rank"),
+])
+def test_malformed_trace_entries_are_named(tmp_path, capsys, entry0, what):
+    d = _two_ranks(tmp_path / "tr", entry0)
+    from neo_train.topology.trace_input import load_trace, trace_phases
+
+    with pytest.raises(ValueError) as e:
+        load_trace(d)
+    assert str(e.value).startswith(f"trace {d / 'rank0.json'} rank 0 entry 0") and what in str(e.value), e.value
+    # the same check on a trace built in memory (no file to name)
+    traces = {0: [entry0], 1: [_a2a()]}
+    with pytest.raises(ValueError) as e:
+        trace_phases(traces, 1)
+    assert str(e.value).startswith("trace rank 0 entry 0") and what in str(e.value), e.value
+    # and from the CLI, before anything is simulated
+    out, line = _cli_error([*_SIM, d], capsys)
+    assert line == f"neo-train: error: {e.value}".replace("trace rank 0", f"trace {d / 'rank0.json'} rank 0")
+    assert "cluster:" not in out
+
+
+def test_malformed_trace_files_are_named(tmp_path):
+    from neo_train.topology.trace_input import load_trace
+
+    p = tmp_path / "t.json"
+    for data, message in [
+        ({"zero": [_a2a()]}, "key 'zero' is not a rank number"),
+        ({"0": 5}, "rank 0: expected a JSON list of entries, got the number 5"),
+        ("entries", "expected a list of entries or an object of per-rank lists, got a string"),
+        ({}, "holds no ranks"),
+    ]:
+        p.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=f"^trace {re.escape(str(p))}.*{re.escape(message)}"):
+            load_trace(p)
+    p.write_bytes(b"\xff\xfe[")
+    with pytest.raises(ValueError, match="not valid JSON: not UTF-8 text"):
+        load_trace(p)
+
+
+@pytest.mark.parametrize("spec, what", [
+    ("fwd=fast", "--compute: fwd='fast' is not a number of seconds"),
+    ("fwd=-1", "--compute: fwd=-1: seconds must be >= 0, got -1"),
+    ("fwd=inf", "--compute: fwd=inf: seconds must be a finite number, got inf"),
+    ("fwd=nan", "--compute: fwd=nan: seconds must be a finite number, got nan"),
+    ("fwd", "--compute: expected marker=seconds, got 'fwd'"),
+])
+def test_compute_seconds_must_be_numbers(tmp_path, capsys, spec, what):
+    d = _two_ranks(tmp_path / "tr", _a2a())
+    _, line = _cli_error([*_SIM, d, "--compute", spec], capsys)
+    assert line == f"neo-train: error: {what}"
+
+
+def test_simulate_out_that_is_a_file_is_refused_before_simulating(tmp_path, capsys):
+    d = _two_ranks(tmp_path / "tr", _a2a())
+    f = tmp_path / "f"
+    f.write_text("x")
+    out, line = _cli_error([*_SIM, d, "--out", f], capsys)
+    assert line == f"neo-train: error: --out {f} is not a directory (a file is there); give a directory path"
+    assert "cluster:" not in out and f.read_text() == "x"
+    out, line = _cli_error([*_SIM, d, "--out", f / "sub"], capsys)
+    assert line == f"neo-train: error: --out {f / 'sub'} lies under {f}, which is a file, not a directory"
+    # a directory to be made is fine
+    from neo_train.cli import main
+
+    assert main([str(a) for a in [*_SIM, d, "--compute", "fwd=0.001", "--out", tmp_path / "new" / "sim"]]) == 0
+    assert (tmp_path / "new" / "sim" / "summary.json").is_file()

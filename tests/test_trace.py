@@ -244,3 +244,54 @@ def test_traces_that_disagree_between_ranks_are_named(tmp_path):
         check_traces([load_trace(r0), load_trace(r1)], [str(r0), str(r1)])
     with pytest.raises(TraceError, match="different numbers of collectives"):
         check_traces([load_trace(r0), []], [str(r0), "empty"])
+
+
+# ---- `neo-train replay` with malformed traces: one line from the launcher, before any rank starts --
+PAIR = {**GOOD, "in_msg_size": 8, "out_msg_size": 8, "in_split": [4, 4], "out_split": [4, 4]}
+
+
+def _replay_cli(argv, capsys):
+    from neo_train.cli import main
+
+    rc = main(["replay", *map(str, argv)])
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in out + err, (rc, out, err)
+    assert lines[0].startswith(("neo-train: error: ", "neo-train replay: error: ")), (out, err)  # ours / argparse's
+    assert "replay of rank" not in out, (out, err)
+    return lines[0]
+
+
+@pytest.mark.parametrize("entry0, what", [
+    ({**PAIR, "in_msg_size": -8, "in_split": [-4, -4]}, "(all_to_allv): field 'in_msg_size' must be an integer >= 0, got -8"),
+    ({**PAIR, "in_split": [-4, 12]}, "(all_to_allv): field 'in_split' must be a list of non-negative integers, got [-4, 12]"),
+    (5, ": expected an object, got 5"),
+    ({**PAIR, "dtype": "float7"}, "(all_to_allv): field 'dtype': unknown dtype 'float7'"),
+    ({**PAIR, "comms": "all_to_some"}, ": field 'comms' = 'all_to_some' is not a collective we replay"),
+])
+def test_replay_command_names_the_malformed_entry(tmp_path, capsys, entry0, what, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    d = tmp_path / "tr"
+    d.mkdir()
+    _write(d, [entry0], "trace_rank0.json")
+    _write(d, [PAIR], "trace_rank1.json")
+    line = _replay_cli([d], capsys)
+    assert line.startswith(f"neo-train: error: {d / 'trace_rank0.json'}: entry 0") and what in line, line
+
+
+def test_replay_command_checks_its_flags_before_starting_ranks(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    d = tmp_path / "tr"
+    d.mkdir()
+    for r in range(2):
+        _write(d, [PAIR], f"trace_rank{r}.json")
+    line = _replay_cli([d, "--json", tmp_path], capsys)
+    assert line == f"neo-train: error: --json {tmp_path} is a directory; give a file path"
+    line = _replay_cli([d, "--json", tmp_path / "missing" / "r.json"], capsys)
+    assert line == f"neo-train: error: --json {tmp_path / 'missing' / 'r.json'}: directory {tmp_path / 'missing'} does not exist"
+    line = _replay_cli([d, "--bulk-threshold", "lots"], capsys)
+    assert line == "neo-train: error: --bulk-threshold: cannot read size 'lots' (e.g. 0, 65536, 64KB, 15MB)"
+    line = _replay_cli([d / "trace_rank0.json", d], capsys)
+    assert line.startswith(f"neo-train: error: {d} is a directory: give one directory of trace_rank*.json files")
+    line = _replay_cli([d, "--timeout-s", "nan"], capsys)
+    assert "argument --timeout-s" in line and "finite number > 0" in line

@@ -17,7 +17,7 @@ bad set of traces is an error naming the file and entry, not a hang.
 """
 from __future__ import annotations
 
-from ..config import positive_int
+from ..config import positive_float, positive_int
 import argparse
 import json
 import os
@@ -97,6 +97,10 @@ def resolve_traces(paths: Sequence[str | Path]) -> list[Path]:
         if ranks != list(range(len(found))):
             raise TraceError(f"{ps[0]}: trace files for ranks {ranks}, expected 0..{len(found) - 1}")
         return found
+    for p in ps:
+        if p.is_dir():
+            raise TraceError(f"{p} is a directory: give one directory of trace_rank*.json files, or per-rank trace "
+                             f"files in rank order")
     return ps
 
 
@@ -250,12 +254,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("traces", nargs="+", help="per-rank trace files in rank order, or one directory of trace_rank{r}.json")
     parser.add_argument("--rules", default="", help="collective rules, e.g. 'all_to_all_v<=64KB:bruck,all_to_all_v:pairwise,all_reduce:ring' (default: native)")
     parser.add_argument("--local-world-size", type=positive_int, default=None, help="ranks per node for 'hierarchical' (default: LOCAL_WORLD_SIZE)")
-    parser.add_argument("--hosts-per-rack", type=int, default=None, help="ranks per rack for 'opera' (default: the node size)")
+    parser.add_argument("--hosts-per-rack", type=positive_int, default=None, help="ranks per rack for 'opera' (default: the node size)")
     parser.add_argument("--bulk-threshold", default="15MB", help="opera: blocks at least this large wait for their direct circuit (0: all)")
     parser.add_argument("--iters", type=positive_int, default=3, help="passes over the trace; each entry reports its median")
     parser.add_argument("--per-op", action="store_true", help="print every collective, not only the per-phase totals")
     parser.add_argument("--json", default="", help="write every rank's report here")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="timeout of every collective")
+    parser.add_argument("--timeout-s", type=positive_float, default=120.0, help="timeout of every collective")
 
 
 def _hint(args: argparse.Namespace):
@@ -263,7 +267,23 @@ def _hint(args: argparse.Namespace):
     from .schedules import TopologyHint
 
     lws = args.local_world_size or (int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None)
-    return TopologyHint(local_world_size=lws, hosts_per_rack=args.hosts_per_rack, bulk_threshold_bytes=int(_parse_bytes(str(args.bulk_threshold))))
+    try:
+        bulk = int(_parse_bytes(str(args.bulk_threshold)))
+    except ValueError:
+        raise ValueError(f"--bulk-threshold: cannot read size {args.bulk_threshold!r} (e.g. 0, 65536, 64KB, 15MB)") from None
+    return TopologyHint(local_world_size=lws, hosts_per_rack=args.hosts_per_rack, bulk_threshold_bytes=bulk)
+
+
+def _check_json_out(path: str) -> None:
+    """``--json``: a file path in an existing, writable directory (checked before replaying)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--json {path} is a directory; give a file path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ValueError(f"--json {path}: directory {parent} does not exist")
+    if not os.access(p if p.exists() else parent, os.W_OK):
+        raise ValueError(f"--json {path} is not writable")
 
 
 def _replay_rank(comm: Communicator, paths: list[str], rules: str, hint, iters: int) -> dict:
@@ -277,9 +297,11 @@ def replay_command(args: argparse.Namespace) -> int:
 
     paths = [str(p) for p in resolve_traces(args.traces)]
     parse_rules(args.rules)  # fail on bad rules before starting processes
+    if args.json:
+        _check_json_out(args.json)
     if "RANK" not in os.environ:  # bad trace files: one error line here, not one per rank
         check_traces([load_trace(p) for p in paths], paths)
-    hint = _hint(args)
+    hint = _hint(args)  # a bad --bulk-threshold: said before starting processes
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from .native import init_distributed
 

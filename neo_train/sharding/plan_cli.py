@@ -12,6 +12,8 @@ from __future__ import annotations
 from ..config import positive_int
 import argparse
 import json
+import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,6 +135,33 @@ def format_result(result: "PlanResult", max_ranks: int = 10) -> str:
     return "\n".join(lines)
 
 
+def memory_fraction(text: str) -> float:
+    """argparse type: a finite number in (0, 1] (a share of device memory)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not (math.isfinite(v) and 0 < v <= 1):
+        raise argparse.ArgumentTypeError(f"must be a finite number in (0, 1], got {text}")
+    return v
+
+
+def _check_out_file(flag: str, path: Path) -> None:
+    """A file path ``flag`` can write: not a directory, in an existing, writable directory
+    (checked before planning, which may take minutes)."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a file path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path} is not writable")
+    parent = path.parent
+    if not parent.exists():
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is not a directory")
+    if not path.exists() and not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: directory {parent} is not writable")
+
+
 def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The ``plan`` subcommand's arguments."""
     from ..config import PRESETS
@@ -148,7 +177,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--table-dtype", choices=("fp32", "fp16"), default="fp32", help="embedding weight precision")
     p.add_argument("--batch-size", type=positive_int, help="per-rank batch size (default: the config's)")
     p.add_argument("--optimizer", help="sparse optimizer (default: the config's)")
-    p.add_argument("--memory-fraction", type=float, default=0.95, help="usable share of device memory")
+    p.add_argument("--memory-fraction", type=memory_fraction, default=0.95,
+                   help="usable share of device memory, in (0, 1] (default 0.95)")
     p.add_argument("--out", type=Path, help="write the plan JSON here (only when it fits)")
     p.add_argument("--summary-json", type=Path, help="write the summary and per-rank estimate as JSON")
     p.add_argument("--max-tables-shown", type=int, default=10, help="largest tables listed with their sharding")
@@ -162,6 +192,9 @@ def plan_command(args: argparse.Namespace) -> int:
     from ..topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
     from .planner import PlannerOptions, plan_sharding
 
+    for flag, path in (("--out", args.out), ("--summary-json", getattr(args, "summary_json", None))):
+        if path:
+            _check_out_file(flag, Path(path))
     cfg = Config.load(args.config) if getattr(args, "config", None) else preset(args.preset, row_scale=args.row_scale)
     topo = args.topology
     cluster = preset_cluster(topo) if topo in CLUSTER_PRESETS else ClusterSpec.load(topo)

@@ -29,14 +29,16 @@ lacks is an error listing the ones it has.
 """
 from __future__ import annotations
 
-from ..config import positive_float, positive_int
 import argparse
 import csv
 import json
+import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ..config import nonnegative_float, positive_float, positive_int
 from .collectives import ALL_REDUCE_ALGORITHMS
 from .fattree import ROUTINGS, FatTree
 from .flat import FlatNetwork
@@ -154,7 +156,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nic-gbps", type=positive_float, help="NIC (and Opera uplink) Gbit/s, overriding the topology's")
     p.add_argument("--gpu-tflops", type=positive_float, help="dense TFLOP/s per GPU for the roofline")
     p.add_argument("--hbm-gbps", type=positive_float, help="HBM GB/s per GPU for the roofline")
-    p.add_argument("--bulk-threshold-mb", type=float, default=0.0,
+    p.add_argument("--bulk-threshold-mb", type=nonnegative_float, default=0.0,
                    help="Opera: flows below this take multi-hop low-latency paths (study: 0; Opera's default 15)")
     p.add_argument("--no-vlb", action="store_true", help="Opera: direct circuits only (no RotorLB/VLB)")
     p.add_argument("--routing", choices=ROUTINGS, default="spray",
@@ -210,9 +212,34 @@ def _parse_compute(text: str) -> dict[str, float]:
     for part in filter(None, (x.strip() for x in text.split(","))):
         if "=" not in part:
             raise ValueError(f"--compute: expected marker=seconds, got {part!r}")
-        k, v = part.rsplit("=", 1)
-        out[k.strip()] = float(v)
+        k, v = (x.strip() for x in part.rsplit("=", 1))
+        try:
+            sec = float(v)
+        except ValueError:
+            raise ValueError(f"--compute: {k}={v!r} is not a number of seconds") from None
+        if not math.isfinite(sec):
+            raise ValueError(f"--compute: {k}={v}: seconds must be a finite number, got {v}")
+        if sec < 0:
+            raise ValueError(f"--compute: {k}={v}: seconds must be >= 0, got {v}")
+        out[k] = sec
     return out
+
+
+def _check_out_dir(out: Path) -> None:
+    """``--out``: a directory, or a path one can create as one (checked before simulating)."""
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"--out {out} is not a directory (a file is there); give a directory path")
+        if not os.access(out, os.W_OK):
+            raise ValueError(f"--out {out} is not writable")
+        return
+    probe = out.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"--out {out} lies under {probe}, which is a file, not a directory")
+    if not os.access(probe, os.W_OK):
+        raise ValueError(f"--out {out} cannot be created: {probe} is not writable")
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -221,6 +248,10 @@ def simulate_command(args: argparse.Namespace) -> int:
                      device_flops=args.gpu_tflops * 1e12 if args.gpu_tflops else None,
                      hbm_bandwidth=args.hbm_gbps * GB if args.hbm_gbps else None)
     thr = args.bulk_threshold_mb * 1e6
+    if args.out:
+        _check_out_dir(args.out)
+    if args.compute and not args.trace:
+        raise ValueError("--compute applies to --trace only (a model's compute comes from its roofline)")
     t0 = time.perf_counter()
     if args.trace:
         from .trace_input import check_compute_markers, load_trace, trace_markers, trace_phases, trace_world_size

@@ -39,7 +39,7 @@ import numpy as np
 from .collectives import all_reduce, ring_all_gather
 from .simulator import Comm, Compute, Phase, Transfer
 
-__all__ = ["load_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
+__all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS"]
 
 DTYPE_BYTES = {
@@ -56,29 +56,61 @@ _ALIASES = {"alltoallv": "all_to_allv", "alltoall": "all_to_all", "all_to_all_si
 
 
 def load_trace(path: str | Path) -> dict[int, list[dict[str, Any]]]:
-    """{rank: entries} from a directory of per-rank JSON lists, one list, or a {rank: list} object."""
+    """{rank: entries} from a directory of per-rank JSON lists, one list, or a {rank: list} object.
+
+    Every entry is checked (``check_trace``): a malformed one is a ValueError naming the file,
+    the rank, the entry index and the field."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"trace {p} does not exist")
     if p.is_dir():
         out: dict[int, list] = {}
+        files: dict[int, Path] = {}
         for f in sorted(p.glob("*.json")):
             nums = re.findall(r"\d+", f.stem)
             if not nums:
                 continue
             data = _read(f)
             if not isinstance(data, list):
-                raise ValueError(f"trace {f}: expected a JSON list of entries")
+                raise ValueError(f"trace {f}: expected a JSON list of entries, got {_kind(data)}")
             out[int(nums[-1])] = data
+            files[int(nums[-1])] = f
         if not out:
             raise ValueError(f"trace directory {p} holds no rank*.json files")
-        return out
+        check_trace(out, files)
+        return _Checked(out)
     data = _read(p)
     if isinstance(data, list):
-        return {0: data}
-    if isinstance(data, dict):
-        return {int(k): v for k, v in data.items()}
-    raise ValueError(f"trace {p}: expected a list of entries or an object of per-rank lists")
+        out = {0: data}
+    elif isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            try:
+                r = int(k)
+            except ValueError:
+                raise ValueError(f"trace {p}: key {k!r} is not a rank number (expected an object of per-rank "
+                                 f"lists)") from None
+            if r < 0:
+                raise ValueError(f"trace {p}: rank {k!r} must be >= 0")
+            if not isinstance(v, list):
+                raise ValueError(f"trace {p} rank {r}: expected a JSON list of entries, got {_kind(v)}")
+            out[r] = v
+        if not out:
+            raise ValueError(f"trace {p} holds no ranks")
+    else:
+        raise ValueError(f"trace {p}: expected a list of entries or an object of per-rank lists, got {_kind(data)}")
+    check_trace(out, {r: p for r in out})
+    return _Checked(out)
+
+
+class _Checked(dict):
+    """{rank: entries} as ``load_trace`` returns it, already checked (the schedule functions skip
+    checking it again: a long trace takes about a second per 200k entries)."""
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), f"the number {v}" if isinstance(v, (int, float)) else type(v).__name__)
 
 
 def _read(f: Path) -> Any:
@@ -86,6 +118,74 @@ def _read(f: Path) -> Any:
         return json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"trace {f}: not valid JSON: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"trace {f}: not valid JSON: not UTF-8 text") from None
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _is_count(v: Any) -> bool:
+    """A non-negative integer (a JSON int, or a float with an integral value such as 8.0)."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return v >= 0
+    return isinstance(v, float) and v.is_integer() and v >= 0
+
+
+def check_trace(traces: Mapping[int, Any], files: Mapping[int, str | Path] | None = None) -> None:
+    """ValueError (one line) naming the file, rank, entry index and field of the first malformed
+    entry: not an object, an unsupported collective, an unknown dtype, sizes / splits / ranks that
+    are not non-negative integers, a send without its dst_rank. ``load_trace`` calls it; the
+    schedule functions call it too, so a trace built in memory gets the same errors."""
+    if isinstance(traces, _Checked) and files is None:
+        return
+    for rank, entries in traces.items():
+        src = f"trace {files[rank]} rank {rank}" if files and rank in files else f"trace rank {rank}"
+        if not isinstance(entries, list):
+            raise ValueError(f"{src}: expected a list of entries, got {_kind(entries)}")
+        for pos, e in enumerate(entries):
+            where = f"{src} entry {pos}"
+            if not isinstance(e, dict):
+                raise ValueError(f"{where}: expected an object, got {_short(e)}")
+            name = _comm_name(e)
+            if name in _SKIP or "compute" in e and "comms" not in e:
+                continue
+            if name not in SUPPORTED_COMMS:
+                raise ValueError(f"{where}: unsupported collective {e.get('comms')!r} (supported: {SUPPORTED_COMMS})")
+            where = f"{where} ({e.get('comms')})"
+            d = str(e.get("dtype", "float")).lower().replace("torch.", "")
+            if d not in DTYPE_BYTES:
+                raise ValueError(f"{where}: unknown dtype {e.get('dtype')!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+            for key in ("in_msg_size", "out_msg_size"):
+                if e.get(key) is not None and not _is_count(e[key]):
+                    raise ValueError(f"{where}: {key} must be an integer >= 0, got {_short(e[key])}")
+            for key in ("world_size", "src_rank", "dst_rank"):
+                if e.get(key) is not None and not _is_count(e[key]):
+                    raise ValueError(f"{where}: {key} must be an integer >= 0, got {_short(e[key])}")
+            for key in ("in_split", "out_split", "global_ranks", "groupRanks"):
+                v = e.get(key)
+                if v is None:
+                    continue
+                if not isinstance(v, list):
+                    raise ValueError(f"{where}: {key} must be a list of non-negative integers, got {_short(v)}")
+                if not all(_is_count(x) for x in v):
+                    raise ValueError(f"{where}: {key} must be non-negative integers, got {_short(v)}")
+            group = e.get("global_ranks") or e.get("groupRanks") or ()
+            n = len(group) or int(e.get("world_size") or 0)
+            if name in ("all_to_allv", "all_to_all") and n and e.get("in_split") and len(e["in_split"]) != n:
+                raise ValueError(f"{where}: in_split has {len(e['in_split'])} entries for a group of {n} ranks")
+            pg = e.get("pg_id")
+            if pg is not None and (isinstance(pg, bool) or not isinstance(pg, (int, str))):
+                raise ValueError(f"{where}: pg_id must be an integer, got {_short(pg)}")
+            t = e.get("startTime_ns")
+            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t)):
+                raise ValueError(f"{where}: startTime_ns must be a number, got {_short(t)}")
+            if name == "send" and e.get("dst_rank") is None:
+                raise ValueError(f"{where}: a send needs its dst_rank")
 
 
 def _comm_name(e: Mapping[str, Any]) -> str:
@@ -154,6 +254,7 @@ def check_compute_markers(markers: Sequence[str], compute: Mapping[str, float], 
 
 def _matched(traces: Mapping[int, list]) -> list[tuple[tuple[Any, int], dict[int, dict]]]:
     """The trace's collectives matched across ranks, in schedule order: ((group, k), {rank: entry})."""
+    check_trace(traces)
     # per rank: its collectives, numbered within their process group
     colls: dict[tuple[Any, int], dict[int, dict]] = {}
     for rank, entries in traces.items():
@@ -183,8 +284,11 @@ def _matched(traces: Mapping[int, list]) -> list[tuple[tuple[Any, int], dict[int
 
 def trace_world_size(traces: Mapping[int, list]) -> int:
     """Ranks the trace spans: the largest world_size or global rank it names."""
+    check_trace(traces)
     world = max((int(e.get("world_size", 0) or 0) for es in traces.values() for e in es), default=0)
     ranks = [int(r) for es in traces.values() for e in es for r in (e.get("global_ranks") or ())]
+    ranks += [int(e[k]) for es in traces.values() for e in es for k in ("src_rank", "dst_rank")
+              if _comm_name(e) == "send" and e.get(k) is not None]
     return max([world, max(traces) + 1] + [r + 1 for r in ranks])
 
 
@@ -211,15 +315,16 @@ def _collective(name: str, by_rank: Mapping[int, dict], world: int, G: int, one_
                 raise ValueError(f"trace: collective {name} has no entry for rank {r} of its group")
             split = e.get("in_split") or []
             if not split:
-                split = [int(e.get("in_msg_size", 0)) // len(group)] * len(group)
+                split = [int(e.get("in_msg_size") or 0) // len(group)] * len(group)
             if len(split) != len(group):
-                raise ValueError(f"trace: {name} rank {r}: in_split has {len(split)} entries for a group of "
-                                 f"{len(group)}")
+                rr = min(by_rank) if one_trace else r
+                raise ValueError(f"trace rank {rr} entry {e.get('_pos')} ({name}): in_split has {len(split)} entries "
+                                 f"for a group of {len(group)}")
             for j, cnt in enumerate(split):
                 M[r // G, group[j] // G] += float(cnt) * size
         i, j = np.nonzero(M)
         return Comm(name, (Transfer(i, j, M[i, j]),), after, "all_to_all", "direct", float(M.sum()))
-    S = float(e0.get("in_msg_size", 0)) * size
+    S = float(e0.get("in_msg_size") or 0) * size
     if kind == "all_reduce":
         if len(hosts) == 1:
             g = len(group)
@@ -240,5 +345,6 @@ def _collective(name: str, by_rank: Mapping[int, dict], world: int, G: int, one_
         rounds = (Transfer(h[:-1], h[1:], np.full(h.size - 1, S)),) if h.size > 1 and S > 0 else ()
         return Comm(name, rounds, after, "broadcast", "pipeline", S)
     # send: point to point
-    src, dst = int(e0.get("src_rank", min(by_rank))), int(e0["dst_rank"])
+    src = int(e0["src_rank"]) if e0.get("src_rank") is not None else min(by_rank)
+    dst = int(e0["dst_rank"])
     return Comm(name, (Transfer([src // G], [dst // G], [S]),), after, "p2p", "send", S)
