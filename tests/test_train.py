@@ -132,3 +132,24 @@ def test_a_failing_run_still_writes_its_summary_and_metrics(tmp_path, capsys):
     m = json.loads(out.read_text())
     assert "line 84" in m["error"] and 0 < len(m["losses"]) <= 5, m
     assert "FAILED after" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name,row_scale,learns",
+    [
+        ("criteo_kaggle", 1e-2, True),
+        ("model_f", 1e-6, False),
+        pytest.param("model_a", 1e-4, False, marks=pytest.mark.slow),  # 40 layers of 3375: ~1 min a step on 2 cores
+        pytest.param("model_i", 1e-4, False, marks=pytest.mark.slow),
+    ],
+)
+def test_a_documented_preset_trains_stably_with_its_own_learning_rates(name, row_scale, learns):
+    """The presets' own optimizer settings keep the loss bounded from step 1 (Adagrad at the
+    old dense_lr = 0.05 sent model_a's loss to 2e13 at step 1 and criteo_kaggle's to 520)."""
+    cfg = preset(name, row_scale)
+    steps = 30 if learns else 8
+    cfg = cfg.replace(train=cfg.train.replace(steps=steps, batch_size=64, eval_batches=1, kernel_backend="reference"))
+    result = Trainer(cfg, progress=False).run()
+    assert len(result.losses) == steps and max(result.losses) < 5.0, result.losses
+    if learns:
+        assert sum(result.losses[-10:]) / 10 < sum(result.losses[:3]) / 3 - 0.03, result.losses
