@@ -273,6 +273,16 @@ class FusedEmbeddingBag(nn.Module, ABC):
     def set_state(self, t: int, state: dict[str, torch.Tensor]) -> None:
         """Overwrite table t's optimizer state."""
 
+    def rows_views(self, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Live views of table t: weights (rows, D) and {state name: (rows, D) or (rows,)}.
+
+        Writes through the views change the table, so a wrapper (kernels/cache.py's row cache)
+        can copy indexed rows in and out without round-tripping whole tables. Rows a pending
+        backward does not touch may be written between its forward and backward. Optional:
+        backends that cannot expose their storage raise NotImplementedError.
+        """
+        raise NotImplementedError(f"backend '{self.backend_name}' does not expose row views")
+
     @property
     @abstractmethod
     def optimizer_step(self) -> int:

@@ -175,6 +175,16 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
     def get_state(self, t: int) -> dict[str, torch.Tensor]:
         return {k: v.to(torch.float32, copy=True) for k, v in self._state_views(t).items()}
 
+    def rows_views(self, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """base.py's row views, taken through ``.data``: fbgemm's autograd saves the whole weight
+        buffer at forward and checks its version counter at backward, so a row cache filling
+        other rows in between would otherwise fail the backward. The rows the backward updates
+        are the batch's own (kept in place by the cache), so skipping that check is safe here."""
+        spec = self.tables[t]
+        shapes = state_shapes(self.optimizer_spec.kind, spec.rows, spec.dim)
+        states = {k: v.data.view(shapes[k]) for k, v in self._state_views(t).items()}
+        return self._tbe.split_embedding_weights()[t].data, states
+
     def set_state(self, t: int, state: dict[str, torch.Tensor]) -> None:
         spec = self.tables[t]
         expected = state_shapes(self.optimizer_spec.kind, spec.rows, spec.dim)

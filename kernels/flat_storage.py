@@ -1,7 +1,7 @@
-"""Table and optimizer-state accessors shared by backends that keep every table in one flat
-buffer (``self.weights``) with one flat buffer per state (``self.state_<name>``), a step counter
-buffer (``self.step``) and two view helpers: ``_table_view(flat, t)`` -> (rows, dim) and
-``_table_row_view(flat, t)`` -> (rows,)."""
+"""Table and optimizer-state accessors (and base.py's ``rows_views``) shared by backends that
+keep every table in one flat buffer (``self.weights``) with one flat buffer per state
+(``self.state_<name>``), a step counter buffer (``self.step``) and two view helpers:
+``_table_view(flat, t)`` -> (rows, dim) and ``_table_row_view(flat, t)`` -> (rows,)."""
 from __future__ import annotations
 
 import torch
@@ -25,23 +25,23 @@ class FlatStorageAccessors:
         check_shape(f"table {t}", weight, tuple(view.shape))
         view.copy_(weight)
 
-    def get_state(self, t: int) -> dict[str, torch.Tensor]:
-        out = {}
+    def rows_views(self, t: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        views = {}
         for name, shape in state_shapes(self.optimizer_spec.kind, 1, 1).items():
             flat = getattr(self, f"state_{name}")
-            view = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
-            out[name] = view.clone()
-        return out
+            views[name] = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
+        return self._table_view(self.weights, t), views
+
+    def get_state(self, t: int) -> dict[str, torch.Tensor]:
+        return {name: view.clone() for name, view in self.rows_views(t)[1].items()}
 
     def set_state(self, t: int, state: dict[str, torch.Tensor]) -> None:
         spec = self.tables[t]
         expected = state_shapes(self.optimizer_spec.kind, spec.rows, spec.dim)
         if set(state) != set(expected):
             raise ValueError(f"table {t}: state keys {sorted(state)} != {sorted(expected)}")
-        for name, shape in expected.items():
-            check_shape(f"table {t} state '{name}'", state[name], shape)
-            flat = getattr(self, f"state_{name}")
-            view = self._table_view(flat, t) if len(shape) == 2 else self._table_row_view(flat, t)
+        for name, view in self.rows_views(t)[1].items():
+            check_shape(f"table {t} state '{name}'", state[name], expected[name])
             view.copy_(state[name])
 
     @property

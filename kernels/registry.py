@@ -142,8 +142,10 @@ def create_embedding_bag(
     device: torch.device | str = "cpu",
     weight_dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    **options: object,
 ) -> FusedEmbeddingBag:
-    """Build a backend by name; None or "auto" picks ``default_backend(device)``."""
+    """Build a backend by name; None or "auto" picks ``default_backend(device)``. ``options``
+    go to the backend's constructor (e.g. triton's ``stochastic_rounding``)."""
     name = default_backend(device) if backend in (None, "auto") else backend
     assert name is not None
     if name not in _BACKENDS or not _is_available(name):
@@ -159,6 +161,7 @@ def create_embedding_bag(
         device=device,
         weight_dtype=weight_dtype,
         seed=seed,
+        **options,
     )
 
 

@@ -34,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import COMM_DTYPES, PRESETS, SHARDING_TYPES
+    from .config import CACHE_POLICIES, COMM_DTYPES, PRESETS, SHARDING_TYPES, TABLE_DTYPES
 
     p = _Parser(prog="neo-train", description="Neo-style DLRM training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--collective-rules", help="schedule algorithms per collective/size, e.g. 'all_to_all_v:opera, all_reduce:ring'")
     t.add_argument("--hosts-per-rack", type=int, help="ranks per rack for the opera algorithm")
     t.add_argument("--trace-dir", help="record every collective (param comms-trace JSON) here")
+    t.add_argument("--cache-load-factor", type=float, help="fraction of each table shard's rows kept in the device cache, the rest in the backing store (default 1: all resident)")
+    t.add_argument("--cache-policy", choices=CACHE_POLICIES, help="which cached row a miss evicts (default lru)")
+    t.add_argument("--storage-dir", help="backing store of cached tables on disk (the SSD tier; default: host memory)")
+    t.add_argument("--table-dtype", choices=TABLE_DTYPES, help="embedding weight precision (optimizer state stays fp32)")
+    t.add_argument("--stochastic-rounding", action="store_true", default=None, help="round fp16/bf16 weight updates stochastically (triton)")
     t.add_argument("--verbose", action="store_true", help="full tracebacks (default: one line per failing rank)")
     t.add_argument("--max-restarts", type=nonnegative_int, default=0, help="elastic restarts after a rank fails (with --nproc; resumes from the newest checkpoint)")
 
@@ -141,7 +146,21 @@ def config_from_args(args: argparse.Namespace):
         }.items()
         if v is not None
     }
-    return cfg.replace(train=cfg.train.replace(**train), data=cfg.data.replace(**data), dist=cfg.dist.replace(**dist))
+    storage = {
+        k: v
+        for k, v in {
+            "cache_load_factor": args.cache_load_factor,
+            "cache_policy": args.cache_policy,
+            "storage_dir": args.storage_dir,
+            "table_dtype": args.table_dtype,
+            "stochastic_rounding": args.stochastic_rounding,
+        }.items()
+        if v is not None
+    }
+    return cfg.replace(
+        train=cfg.train.replace(**train), data=cfg.data.replace(**data), dist=cfg.dist.replace(**dist),
+        storage=cfg.storage.replace(**storage),
+    )
 
 
 def _launch_local(nproc: int, argv: Sequence[str], max_restarts: int = 0) -> int:
@@ -193,13 +212,24 @@ def _plan_for(cfg, comm, local_world_size: int, device: str):
     elif cfg.dist.sharding != "auto":
         plan = ShardingPlan.uniform(cfg.model, cfg.dist.sharding, W, local_world_size)
     else:
-        text = _auto_plan(cfg, W, local_world_size, device).to_json() if comm.rank == 0 else ""
-        plan = ShardingPlan.from_json(_broadcast_text(comm, text))
+        text = ""
+        if comm.rank == 0:
+            try:
+                text = _auto_plan(cfg, W, local_world_size, device).to_json()
+            except ValueError as e:  # no plan fits: every rank says so, not only rank 0
+                text = _PLAN_ERROR + str(e)
+        text = _broadcast_text(comm, text)
+        if text.startswith(_PLAN_ERROR):
+            raise ValueError(text[len(_PLAN_ERROR):])
+        plan = ShardingPlan.from_json(text)
     plan.validate(cfg.model, W, local_world_size)
     return plan
 
 
-def _auto_plan(cfg, world_size: int, local_world_size: int, device: str):
+_PLAN_ERROR = "error: "
+
+
+def _auto_plan(cfg, world_size: int, local_world_size: int, device: str, quiet: bool = False):
     from .sharding.planner import PlannerOptions, plan_sharding
     from .topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
 
@@ -213,6 +243,8 @@ def _auto_plan(cfg, world_size: int, local_world_size: int, device: str):
         min_col_width=4,
     )
     result = plan_sharding(cfg.model, cluster, opts)
+    if quiet:
+        return result.plan
     print(f"neo-train: planned with the cost model for {cluster.describe()}: {result.counts}, "
           f"estimated imbalance {result.estimate.imbalance:.3f}", flush=True)
     return result.plan
@@ -351,6 +383,15 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
             ShardingPlan.from_json(cfg.dist.plan_path).validate(cfg.model, nproc, L)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"plan file {cfg.dist.plan_path}: {str(e).splitlines()[0] if str(e) else repr(e)}") from None
+    if nproc > 1 and not cfg.dist.plan_path and cfg.dist.sharding == "auto":
+        import torch
+
+        # the planner runs again on rank 0; here it only says, once, when no plan fits
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            _auto_plan(cfg, nproc, L, torch.device(device).type, quiet=True)
+        except ValueError as e:
+            raise ValueError("--sharding auto: " + "; ".join(str(e).splitlines())) from None
     if cfg.data.source == "criteo":
         for what, path in (("--data-path", cfg.data.path), ("--eval-path", cfg.data.eval_path)):
             if path and Path(path).is_dir():
@@ -386,6 +427,11 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
             check_resumable(cfg.train.checkpoint_dir, cfg)
     if cfg.dist.trace_dir:
         writable_dir("--trace-dir", cfg.dist.trace_dir)
+    if cfg.storage.storage_dir:
+        writable_dir("--storage-dir", cfg.storage.storage_dir)
+    if cfg.storage.stochastic_rounding and cfg.train.kernel_backend not in ("auto", "triton"):
+        raise ValueError(f"--stochastic-rounding: kernel backend '{cfg.train.kernel_backend}' rounds to nearest only "
+                         "(triton rounds stochastically)")
     if args.metrics_out:
         if Path(args.metrics_out).is_dir():
             raise ValueError(f"--metrics-out {args.metrics_out} is a directory; give a file path")

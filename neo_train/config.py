@@ -25,6 +25,7 @@ __all__ = [
     "TrainConfig",
     "DataConfig",
     "DistConfig",
+    "StorageConfig",
     "Config",
     "preset",
     "PRESETS",
@@ -37,6 +38,8 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DATA_SOURCES = ("synthetic", "criteo")
 ID_MODES = ("strict", "modulo")
+CACHE_POLICIES = ("lru", "lfu")
+TABLE_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def _check(cond: bool, where: str, msg: str) -> None:
@@ -108,6 +111,9 @@ class TableConfig(_Replace):
     """Features looking up this table; empty means one feature named like the table."""
     zipf_alpha: float | None = None
     """Power-law exponent of this table's synthetic ids; None uses DataConfig.zipf_alpha."""
+    cache_load_factor: float | None = None
+    """Fraction of this table's rows (of each shard) kept in the device cache, the rest in the
+    backing store; None uses StorageConfig.cache_load_factor. A plan's factor overrides both."""
 
     def __post_init__(self) -> None:
         _check_finite(self, f"table '{self.name}'")
@@ -118,6 +124,10 @@ class TableConfig(_Replace):
         _check(self.pooling in POOLINGS, w, f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         _check(self.pooling_factor >= 0, w, f"pooling_factor must be >= 0, got {self.pooling_factor}")
         _check(self.zipf_alpha is None or self.zipf_alpha >= 0, w, f"zipf_alpha must be >= 0, got {self.zipf_alpha}")
+        _check(
+            self.cache_load_factor is None or 0 < self.cache_load_factor <= 1, w,
+            f"cache_load_factor must be in (0, 1], got {self.cache_load_factor}",
+        )
         if not self.feature_names:
             object.__setattr__(self, "feature_names", (self.name,))
         object.__setattr__(self, "feature_names", tuple(self.feature_names))
@@ -344,6 +354,34 @@ class DistConfig(_Replace):
 
 
 @dataclass(frozen=True)
+class StorageConfig(_Replace):
+    """Where embedding rows live: Neo's HBM / DRAM / SSD hierarchy, and their precision."""
+
+    cache_load_factor: float = 1.0
+    """Fraction of each table shard's rows held in the (device) cache; the full rows and their
+    optimizer state live in the backing store. 1.0: every row resident, no cache."""
+    cache_policy: str = "lru"
+    """Which cached row a miss evicts: 'lru' (least recently used) or 'lfu' (least frequently)."""
+    storage_dir: str = ""
+    """Backing store of cached tables: empty = host memory (DRAM); a directory = the SSD tier
+    (a memory-mapped file per table shard, under <dir>/rank<r>/)."""
+    table_dtype: str = "fp32"
+    """Precision of the embedding weights: 'fp32', 'fp16' or 'bf16' (optimizer state stays fp32)."""
+    stochastic_rounding: bool = False
+    """Round fp16/bf16 weight updates stochastically (backends that support it; others refuse)."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "storage")
+        _check(0 < self.cache_load_factor <= 1, "storage.cache_load_factor", f"must be in (0, 1], got {self.cache_load_factor}")
+        _check(self.cache_policy in CACHE_POLICIES, "storage.cache_policy", f"must be one of {CACHE_POLICIES}, got {self.cache_policy!r}")
+        _check(self.table_dtype in TABLE_DTYPES, "storage.table_dtype", f"must be one of {TABLE_DTYPES}, got {self.table_dtype!r}")
+        _check(
+            not self.stochastic_rounding or self.table_dtype != "fp32", "storage.stochastic_rounding",
+            "applies to fp16/bf16 tables only (storage.table_dtype is fp32)",
+        )
+
+
+@dataclass(frozen=True)
 class Config(_Replace):
     """A whole run: model, training loop and data."""
 
@@ -355,6 +393,8 @@ class Config(_Replace):
     """Where batches come from."""
     dist: DistConfig = field(default_factory=DistConfig)
     """Sharding and communication of multi-rank runs."""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """Embedding storage tiers (device cache over host memory or SSD) and table precision."""
     name: str = "custom"
     """A label for logs (the preset's name, or the config file's)."""
 

@@ -44,6 +44,16 @@ def test_launch_errors_are_one_line_before_any_rank_starts(index, tmp_path, caps
     assert time.time() - start < 10
 
 
+def test_an_auto_plan_that_cannot_fit_is_one_line_before_launch(tmp_path, capsys):
+    """model_a's 40 MLP layers of 3375 do not fit a cpu_local rank: said once by the launcher
+    (it used to be rank 0's multi-line error and a collective failure on rank 1)."""
+    rc = main(["train", "--nproc", "2", "--preset", "model_a", "--row-scale", "1e-6", "--steps", "2", "--log-dir", "none"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "--sharding auto: the dense replica" in lines[0], err
+    assert "starting" not in out
+
+
 def test_intra_op_threads_share_the_free_cpus(monkeypatch):
     import os
 

@@ -7,10 +7,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..config import TableConfig
+from ..config import StorageConfig, TableConfig
 from ..data.batch import SparseFeatures
-from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
+from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
 from ..kernels.init import init_table
+from .storage import cache_factor, create_table_kernel, init_kernel_table
 
 __all__ = ["EmbeddingBagCollection", "init_table", "check_sparse"]
 
@@ -72,6 +73,7 @@ class EmbeddingBagCollection(nn.Module):
         device: torch.device | str = "cpu",
         seed: int = 0,
         id_mode: str = "strict",
+        storage: StorageConfig | None = None,
     ) -> None:
         super().__init__()
         self.tables = tuple(tables)
@@ -79,16 +81,20 @@ class EmbeddingBagCollection(nn.Module):
         feature_table_map = [ti for ti, t in enumerate(self.tables) for _ in t.feature_names]
         self.feature_dims: tuple[int, ...] = tuple(self.tables[t].dim for t in feature_table_map)
         self.id_mode = id_mode
-        self.kernel: FusedEmbeddingBag = create_embedding_bag(
+        self.kernel: FusedEmbeddingBag = create_table_kernel(
             backend,
             [TableSpec(t.num_rows, t.dim, t.pooling, t.name) for t in self.tables],
             optimizer,
+            factors=[cache_factor(t, storage) for t in self.tables],
+            storage=storage,
+            store_name="rank0/tables",
             feature_table_map=feature_table_map,
             feature_names=self.feature_names,
             device=device,
+            seed=seed,
         )
         for ti, t in enumerate(self.tables):
-            self.kernel.set_table(ti, init_table(seed, ti, t.num_rows, t.dim))
+            init_kernel_table(self.kernel, ti, seed, ti, t, 0, t.num_rows, 0, t.dim)
         self.kernel.check_ids = False  # validate() checks the ids, naming the feature
         self._rows = [self.tables[t].num_rows for t in feature_table_map]
         # False when the caller (the trainer) validates batches on the host before the device copy
@@ -106,6 +112,11 @@ class EmbeddingBagCollection(nn.Module):
         if self.validate_in_forward:
             sparse = self.validate(sparse)
         return self.kernel(sparse.values, sparse.offsets(), sparse.weights)  # (B, sum D_f)
+
+    def prefetch(self, sparse: SparseFeatures) -> None:
+        """Bring a batch's rows into a cached kernel ahead of its lookup (nothing when resident)."""
+        if hasattr(self.kernel, "prefetch"):
+            self.kernel.prefetch(sparse.values, sparse.offsets())
 
     # ---- export ---------------------------------------------------------------------------
     def table(self, name: str) -> torch.Tensor:

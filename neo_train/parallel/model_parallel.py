@@ -72,6 +72,7 @@ class DistributedModelParallel(nn.Module):
             bwd_codec=cfg.dist.backward_comm_dtype,
             id_mode=cfg.data.id_mode,
             timer=timer,
+            storage=cfg.storage,
         )
         self.module = DLRM(cfg.model, ebc, ebc.feature_dims).to(device)
         self.embeddings = ebc

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..comm import Communicator, make_codec
 from ..comm.awaitable import LazyTensor, Pending
-from ..config import ModelConfig
+from ..config import ModelConfig, StorageConfig
 from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
 from ..modules.embedding import check_sparse
@@ -80,6 +80,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         bwd_codec: str | None = None,
         id_mode: str = "strict",
         timer=None,
+        storage: StorageConfig | None = None,
     ) -> None:
         super().__init__()
         L = local_world_size or plan.local_world_size
@@ -89,13 +90,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         # False when the caller (the trainer) validates batches on the host before the device copy
         self.validate_in_forward = True
         self.ctx = ShardingContext(
-            comm, L, optimizer, backend, torch.device(device), seed, make_codec(fwd_codec), make_codec(bwd_codec), timer
+            comm, L, optimizer, backend, torch.device(device), seed, make_codec(fwd_codec), make_codec(bwd_codec), timer,
+            storage=storage, plan_cache_factors={tp.table: tp.cache_load_factor for tp in plan.tables},
         )
         if comm.world_size > 1:
             # the input dist gets a process group of its own: the train pipeline runs the next
             # batch's input dist in the background while this batch's collectives use `comm`
             self.ctx.input_comm = comm.subgroup(list(range(comm.world_size)), name="input_dist")  # type: ignore[attr-defined]
-        self.check_peers(config_hash(model, plan, {"optimizer": repr(optimizer), "seed": seed, "codecs": [fwd_codec, bwd_codec]}))
+        self.check_peers(config_hash(model, plan, {"optimizer": repr(optimizer), "seed": seed, "codecs": [fwd_codec, bwd_codec],
+                                                   **({"table_dtype": storage.table_dtype} if storage else {})}))
         self.feature_names = model.feature_names
         feats_by_type: dict[ShardingType, list[GroupFeature]] = {}
         for ti, t in enumerate(model.tables):
@@ -178,6 +181,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return torch.cat([p.wait() for p in pend], dim=1).index_select(1, self._perm)  # (b, sum D_f)
 
         return LazyTensor(finish)
+
+    def prefetch(self, dist: DistributedSparse) -> None:
+        """Bring the rows ``dist`` will look up into the cached kernels (no collective: the
+        train pipeline runs it on a worker thread while the previous batch's backward runs)."""
+        for g, r in zip(self.groups.values(), dist.routed):
+            g.prefetch(r)
 
     # ---- export: gather full logical tables -----------------------------------------------------
     def gather_tables(self) -> dict[str, dict[str, torch.Tensor]]:

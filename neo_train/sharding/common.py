@@ -19,9 +19,9 @@ from torch import nn
 from ..comm import Codec, Communicator, all_to_all_v, make_codec
 from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
-from ..config import TableConfig
-from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
-from ..kernels.init import init_table
+from ..config import StorageConfig, TableConfig
+from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
+from ..modules.storage import cache_factor, create_table_kernel, init_kernel_table
 from .plan import Shard, TablePlan
 
 __all__ = [
@@ -51,7 +51,10 @@ class ShardingContext:
     bwd_codec: Codec = field(default_factory=Codec)
     timer: Any = None  # a PhaseTimer, or None: per-stage forward times
     input_comm: Communicator | None = None  # input dist's own group (pipelining); None: comm
+    storage: StorageConfig | None = None  # cache / SSD tier / table dtype (None: resident fp32)
+    plan_cache_factors: dict[str, float | None] = field(default_factory=dict)  # table -> the plan's factor
     _node_comms: tuple[Communicator, Communicator] | None = None
+    _kernels_built: int = 0
 
     @property
     def rank(self) -> int:
@@ -233,25 +236,29 @@ def build_kernel(
     feature_table_map: Sequence[int],
     feature_names: Sequence[str],
     pooling_in_kernel: bool = True,
+    cacheable: bool = True,
 ) -> FusedEmbeddingBag | None:
     """A kernel over this rank's shards (table index, table config, shard), initialised from
-    the logical tables' init (so a table starts identical however it is sharded)."""
+    the logical tables' init (so a table starts identical however it is sharded); cached over
+    the storage tier where the table's cache load factor is below 1 (and ``cacheable``)."""
     if not shards:
         return None
     specs = [
         TableSpec(s.rows, s.cols, t.pooling if pooling_in_kernel else "sum", f"{t.name}[{s.row_start}:{s.row_end},{s.col_start}:{s.col_end}]")
         for _, t, s in shards
     ]
-    k = create_embedding_bag(
-        ctx.backend, specs, ctx.optimizer, feature_table_map=list(feature_table_map),
-        feature_names=list(feature_names), device=ctx.device,
+    factors = [
+        cache_factor(t, ctx.storage, ctx.plan_cache_factors.get(t.name)) if cacheable else 1.0 for _, t, _ in shards
+    ]
+    k = create_table_kernel(
+        ctx.backend, specs, ctx.optimizer, factors=factors, storage=ctx.storage,
+        store_name=f"rank{ctx.rank}/kernel{ctx._kernels_built}", feature_table_map=list(feature_table_map),
+        feature_names=list(feature_names), device=ctx.device, seed=ctx.seed,
     )
+    ctx._kernels_built += 1
     k.check_ids = False  # the sharded collection checked the global ids (naming the rank) already
-    full: dict[int, torch.Tensor] = {}
     for i, (ti, t, s) in enumerate(shards):
-        if ti not in full:
-            full[ti] = init_table(ctx.seed, ti, t.num_rows, t.dim)
-        k.set_table(i, full[ti][s.row_start : s.row_end, s.col_start : s.col_end])
+        init_kernel_table(k, i, ctx.seed, ti, t, s.row_start, s.row_end, s.col_start, s.col_end)
     return k
 
 
@@ -346,3 +353,10 @@ class EmbeddingSharding(nn.Module):
     def local_shards(self) -> list[tuple[str, Shard, FusedEmbeddingBag, int]]:
         """(table name, shard, kernel, local table index) for every shard this rank holds."""
         return []
+
+    def prefetch(self, routed) -> None:
+        """Bring the rows a routed batch will look up into a cached kernel ahead of its lookup
+        (``neo_train.kernels.cache``); nothing for resident kernels or data-parallel groups."""
+        kernel = getattr(self, "kernel", None)
+        if kernel is not None and hasattr(kernel, "prefetch") and isinstance(routed, Routed):
+            kernel.prefetch(routed.values, routed.offsets())

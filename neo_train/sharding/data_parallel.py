@@ -54,7 +54,7 @@ class DataParallelSharding(EmbeddingSharding):
             f = next(f for f in self.features if f.table_index == ti)
             shards.append((ti, f.table, next(s for s in f.plan.shards if s.rank == ctx.rank)))
         self._shard_list = shards
-        self.kernel = build_kernel(ctx, shards, table_of_feature, self.feature_names)
+        self.kernel = build_kernel(ctx, shards, table_of_feature, self.feature_names, cacheable=False)
         # an input that requires grad, so autograd runs the backward (the global update); on the
         # kernel's device, so the backward never copies between devices
         self._anchor = torch.zeros((), device=ctx.device, requires_grad=True)

@@ -65,6 +65,9 @@ class TablePlan:
     table: str
     sharding: ShardingType
     shards: tuple[Shard, ...]
+    cache_load_factor: float | None = None
+    """Fraction of each shard's rows kept in the device cache (the rest in the backing store);
+    None: the config's (TableConfig, then StorageConfig). Data-parallel tables are never cached."""
 
     @property
     def ranks(self) -> list[int]:
@@ -146,6 +149,9 @@ class ShardingPlan:
         w = f"table '{tp.table}' ({tp.sharding.value})"
         if not tp.shards:
             raise ValueError(f"{w}: no shards")
+        f = tp.cache_load_factor
+        if f is not None and not (isinstance(f, float) and 0 < f <= 1):
+            raise ValueError(f"{w}: cache_load_factor must be a number in (0, 1], got {f!r}")
         for s in tp.shards:
             if not 0 <= s.rank < W:
                 raise ValueError(f"{w}: shard on rank {s.rank}, but the world has ranks 0..{W - 1}")
@@ -265,6 +271,7 @@ class ShardingPlan:
                     "table": tp.table,
                     "sharding": tp.sharding.value,
                     "shards": [[s.rank, s.row_start, s.row_end, s.col_start, s.col_end] for s in tp.shards],
+                    **({} if tp.cache_load_factor is None else {"cache_load_factor": tp.cache_load_factor}),
                 }
                 for tp in self.tables
             ],
@@ -281,7 +288,10 @@ class ShardingPlan:
     def from_dict(cls, d: dict) -> "ShardingPlan":
         try:
             tps = tuple(
-                TablePlan(t["table"], ShardingType.parse(t["sharding"]), tuple(Shard(*map(int, s)) for s in t["shards"]))
+                TablePlan(
+                    t["table"], ShardingType.parse(t["sharding"]), tuple(Shard(*map(int, s)) for s in t["shards"]),
+                    None if t.get("cache_load_factor") is None else float(t["cache_load_factor"]),
+                )
                 for t in d["tables"]
             )
             return cls(int(d["world_size"]), int(d["local_world_size"]), tps)
@@ -306,7 +316,8 @@ class ShardingPlan:
             sh = ", ".join(
                 f"r{s.rank}[{s.row_start}:{s.row_end},{s.col_start}:{s.col_end}]" for s in tp.shards[:6]
             ) + (" ..." if len(tp.shards) > 6 else "")
-            lines.append(f"  {tp.table:<12} {tp.sharding.value:<18} {sh}")
+            cache = "" if tp.cache_load_factor is None else f"  cache {tp.cache_load_factor:g}"
+            lines.append(f"  {tp.table:<12} {tp.sharding.value:<18} {sh}{cache}")
         return "\n".join(lines)
 
 

@@ -51,6 +51,15 @@ def explain_infeasible(p: "_Planner", i: int) -> tuple[str, str, list[Fix]]:
     free = float((p.cap - p.L.mem).max())
     total = {dt: float(sum(shard_memory_bytes(t.rows, t.dims, e, o.optimizer))) for dt, e in TABLE_DTYPES.items()}
     have = p.cap * p.W
+    if p.cap <= 0:  # no placement of the tables can help: more ranks replicate the MLPs too
+        fix = Fix("a smaller MLP, devices with more memory (--topology), or fewer ranks per device")
+        return (
+            f"the dense replica ({_fmt_bytes(p.L.dense_memory)}: MLP parameters, gradients, {o.dense_optimizer} "
+            f"state and activations) does not fit one device's {_fmt_bytes(p.cap + p.L.dense_memory)} usable "
+            f"memory, before any table ('{name}' was the first to find no room); more nodes replicate it too\n"
+            f"smallest change that would fit: {fix.text}",
+            name, [fix],
+        )
     lines = [
         f"table '{name}' ({R:,} rows x {D} dims, {_fmt_bytes(need)} as {o.table_dtype} weights + "
         f"{o.optimizer} state) cannot be placed: the emptiest rank has {_fmt_bytes(max(free, 0))} free of "
@@ -76,9 +85,6 @@ def explain_infeasible(p: "_Planner", i: int) -> tuple[str, str, list[Fix]]:
                                                 f"then need {_fmt_bytes(total['fp16'])})", "fp16", n16)))
     nodes = max(p.N + 1, math.ceil(slack * total[o.table_dtype] / max(per_node, 1)))
     fixes.append((2.0 + nodes / p.N, Fix(f"--nodes {nodes} ({nodes * p.G} devices)", nodes=nodes)))
-    if p.cap <= 0:
-        fixes.insert(0, (-1.0, Fix(f"the dense replica alone ({_fmt_bytes(p.L.dense_memory)}) fills a device: "
-                                    "a smaller MLP or larger devices")))
     host = p.c.host_memory_bytes * p.N
     if total[o.table_dtype] > have and total["fp16"] <= host:
         lines.append(f"(the nodes' host DRAM, {_fmt_bytes(host)}, could hold the fp16 tables behind a UVM cache "

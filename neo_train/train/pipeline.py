@@ -27,6 +27,20 @@ them through events/``wait_stream``, and every tensor that crosses streams is
 ``record_stream``-ed, so the caching allocator cannot reuse its memory while another stream
 may still read it. Nothing synchronises the device.
 
+With cached tables (``storage.cache_load_factor`` < 1; ``neo_train.kernels.cache``) the input
+dist runs two batches ahead, so the rows batch i+1 needs are known, and fetched, during batch
+i's backward (TorchRec's prefetch pipeline):
+
+    wait for batch i's prefetch (rows in its cache; usually done already)          cache_wait
+    forward of batch i                                                              forward
+    start batch i+2's input dist; wait for batch i+1's routed ids                  input_dist, pipeline_wait
+    hand batch i+1's prefetch to the cache thread (no collectives: it moves rows
+        between the backing store and the cache, evicting unpinned rows)            -
+    backward of batch i (its rows stay pinned in the cache until batch i+1's lookup)
+
+Whether a run pipelines this way is decided from the config, the same on every rank, so every
+rank still issues the same collectives in the same order.
+
 The computation is the plain loop's, in the same order, so the per-step losses are identical
 (tests/test_pipeline.py, which also checks from the recorded collective order that batch i+1's
 ids are in flight during batch i's backward).
@@ -104,6 +118,11 @@ class TrainPipeline:
         self._loading: Future | None = None
         self._ahead: Any = _UNSET  # (loaded batch, its input dist in flight) for the next step
         self.data_stall_s = 0.0  # host seconds this thread waited for the loader
+        # cached tables: the input dist two batches ahead, the next batch's rows prefetched on a
+        # thread of their own (a config decision, alike on every rank)
+        self.prefetching = trainer._any_cached_table()
+        self._cache_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neo-cache") if self.prefetching else None
+        self._ready: Any = _UNSET  # (loaded batch, routed ids, its prefetch) for this step
 
     # ---- loader thread: no collectives ------------------------------------------------------
     def _load(self) -> _Loaded | None:
@@ -151,30 +170,62 @@ class TrainPipeline:
             pending = self.ebc.input_dist(got.batch.sparse)
         return got, pending
 
+    def _routed(self, got: _Loaded, pending: Pending | None):
+        """Wait for a batch's routed ids (on the side stream on CUDA)."""
+        with self.timer("pipeline_wait"):
+            if pending is None:
+                return got.batch.sparse
+            if self._dist_stream is None:
+                return pending.wait()
+            with torch.cuda.stream(self._dist_stream):
+                return pending.wait()  # the unpacking runs on the side stream too
+
+    def _compute_waits(self, got: _Loaded, pending: Pending | None, sparse_in: Any) -> None:
+        if self._copy_stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(got.ready)
+            record_stream(got.batch, compute)
+            if pending is not None:
+                compute.wait_stream(self._dist_stream)
+                record_stream(sparse_in, compute)
+
+    def _prefetched(self, ahead: Any) -> Any:
+        """(batch, routed ids, prefetch in flight) of a started batch, or None at the end."""
+        if ahead is None:
+            return None
+        got, pending = ahead
+        sparse_in = self._routed(got, pending)
+        return got, pending, sparse_in, self._cache_pool.submit(self.ebc.prefetch, sparse_in)
+
+    def _prefetch_step(self, step: int) -> torch.Tensor:
+        if self._ready is _UNSET:
+            self._ready = self._prefetched(self._start())
+            self._ahead = self._start() if self._ready is not None else None
+        if self._ready is None:
+            raise EndOfData(step)
+        got, pending, sparse_in, fetching = self._ready
+        with self.timer("cache_wait"):
+            fetching.result()  # re-raises the prefetch's errors (a cache too small, ...)
+        self._compute_waits(got, pending, sparse_in)
+        loss = self.trainer.forward_loss(got.batch, sparse_in)
+        nxt = self._ahead
+        self._ahead = self._start() if nxt is not None else None  # batch i+2's input dist
+        self._ready = self._prefetched(nxt)  # batch i+1's ids, its rows fetched meanwhile
+        self.trainer.backward_step(loss)
+        return loss.detach()
+
     def step(self, step: int) -> torch.Tensor:
         """Run training step ``step``; returns the rank-local loss (a detached 0-d tensor)."""
+        if self.prefetching:
+            return self._prefetch_step(step)
         if self._ahead is _UNSET:
             self._ahead = self._start()
         if self._ahead is None:
             raise EndOfData(step)
         got, pending = self._ahead
-        batch = got.batch
-        with self.timer("pipeline_wait"):
-            if pending is None:
-                sparse_in = batch.sparse
-            elif self._dist_stream is None:
-                sparse_in = pending.wait()
-            else:
-                with torch.cuda.stream(self._dist_stream):
-                    sparse_in = pending.wait()  # the unpacking runs on the side stream too
-        if self._copy_stream is not None:
-            compute = torch.cuda.current_stream(self.device)
-            compute.wait_event(got.ready)
-            record_stream(batch, compute)
-            if pending is not None:
-                compute.wait_stream(self._dist_stream)
-                record_stream(sparse_in, compute)
-        loss = self.trainer.forward_loss(batch, sparse_in)
+        sparse_in = self._routed(got, pending)
+        self._compute_waits(got, pending, sparse_in)
+        loss = self.trainer.forward_loss(got.batch, sparse_in)
         self._ahead = self._start()  # batch i+1's input dist: issued after batch i's forward
         self.trainer.backward_step(loss)
         return loss.detach()
@@ -188,6 +239,14 @@ class TrainPipeline:
                 ahead[1].wait()
             except Exception:  # noqa: BLE001 - the run is over; the error was or will be reported
                 pass
+        ready, self._ready = self._ready, _UNSET
+        if isinstance(ready, tuple):
+            try:
+                ready[3].result()  # the cache must be quiet before anyone reads or saves the tables
+            except Exception:  # noqa: BLE001 - as above
+                pass
+        if self._cache_pool is not None:
+            self._cache_pool.shutdown(wait=True)
         if self._loading is not None:
             self._loading.cancel()
         self._pool.shutdown(wait=True)

@@ -50,6 +50,8 @@ class TrainResult:
     train_seconds: float = 0.0
     samples_per_s: float = 0.0
     step_ms: dict[str, float] = field(default_factory=dict)
+    cache: dict[str, float] = field(default_factory=dict)  # cached tables: per-step means over the run, all ranks
+    cache_history: list[dict[str, float]] = field(default_factory=list)  # per logging interval, rank 0
     error: str = ""  # set when the run failed: what it trained is still recorded above
     notes: list[str] = field(default_factory=list)  # e.g. the data ended before train.steps
 
@@ -64,6 +66,8 @@ class TrainResult:
             f"backend={self.backend} final_loss={self.losses[-1] if self.losses else float('nan'):.4f} "
             f"eval_auc={e.get('auc', float('nan')):.4f} eval_ne={e.get('ne', float('nan')):.4f} "
             f"eval_logloss={e.get('log_loss', float('nan')):.4f} samples/s={self.samples_per_s:,.0f}"
+        ) + (
+            f" cache_hit_rate={self.cache['hit_rate']:.3f} ({self.cache['tier']})" if self.cache else ""
         ) + (f" FAILED after {len(self.losses)} step(s): {self.error}" if self.error else "") + "".join(
             f" ({n})" for n in self.notes if n.startswith("the training data ended"))
 
@@ -82,6 +86,7 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", backend: str | 
         device=device,
         seed=cfg.train.seed,
         id_mode=cfg.data.id_mode,
+        storage=cfg.storage,
     )
     return DLRM(cfg.model, ebc, ebc.feature_dims).to(device)
 
@@ -380,6 +385,8 @@ class Trainer:
                 if (step + 1) % t.log_every == 0 and self.writer is not None:
                     self.writer.add_scalar("train/samples_per_s", t.batch_size * self.world_size / max(dt, 1e-9), step)
                     self._log_breakdown(step + 1)
+                if (step + 1) % t.log_every == 0 and self.cached_kernels:
+                    self._log_cache(result, step + 1)
                 if t.eval_every and (step + 1) % t.eval_every == 0 and step + 1 < t.steps:
                     self._record_eval(result, step + 1)  # its input dist queues behind the in-flight one
                 if t.checkpoint_dir and t.checkpoint_every and (step + 1) % t.checkpoint_every == 0 and step + 1 < t.steps:
@@ -407,6 +414,7 @@ class Trainer:
         done = end - start
         result.samples_per_s = done * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
         result.step_ms = self.step_breakdown(done)
+        result.cache = self._cache_summary(done)
         result.eval = self._record_eval(result, end)
         if self.writer is not None:
             self.writer.add_scalar("train/samples_per_s_avg", result.samples_per_s, end)
@@ -459,6 +467,80 @@ class Trainer:
         # the per-step global losses so far travel inside the checkpoint (one atomic unit)
         history = {"step": step, "losses": result.losses[:step], "eval_history": result.eval_history}
         save_checkpoint(self, checkpoint_dir(self.cfg.train.checkpoint_dir, step), step, history=history)
+
+    # ---- cached tables (storage.cache_load_factor < 1) ----------------------------------------
+    @property
+    def cached_kernels(self) -> list[Any]:
+        """This rank's fused kernels that cache their rows over a backing store."""
+        if not hasattr(self, "_cached_kernels"):
+            from ..kernels import FusedEmbeddingBag
+
+            self._cached_kernels = [
+                m for m in self.model.modules() if isinstance(m, FusedEmbeddingBag) and m.backend_name == "cached"
+            ]
+        return self._cached_kernels
+
+    def cache_stats(self) -> dict[str, float]:
+        """This rank's cumulative cache counters, summed over its cached kernels."""
+        total: dict[str, float] = {}
+        for k in self.cached_kernels:
+            for name, v in k.stats().items():
+                total[name] = total.get(name, 0) + v
+        return total
+
+    @staticmethod
+    def _cache_rates(now: dict[str, float], before: dict[str, float], steps: int) -> dict[str, float]:
+        d = {k: now.get(k, 0) - before.get(k, 0) for k in now}
+        n = max(1, steps)
+        return {
+            "hit_rate": d["hits"] / d["unique_rows"] if d.get("unique_rows") else float("nan"),
+            "rows_fetched_per_step": d["misses"] / n,
+            "rows_prefetched_per_step": d["prefetched_rows"] / n,
+            "rows_evicted_per_step": d["evictions"] / n,
+            "rows_written_back_per_step": d["writebacks"] / n,
+            "bytes_read_per_step": d["bytes_read"] / n,
+            "bytes_written_per_step": d["bytes_written"] / n,
+            "fetch_ms_per_step": 1e3 * d["fetch_s"] / n,
+        }
+
+    def _log_cache(self, result: TrainResult, step: int) -> None:
+        """Per logging interval (rank-local: no collective): hit rate, rows fetched / evicted,
+        bytes between the cache and its backing tier, fetch time; TensorBoard and history."""
+        now = self.cache_stats()
+        before, since = getattr(self, "_cache_mark", ({}, 0))
+        self._cache_mark = (now, step)
+        rates = self._cache_rates(now, before, step - since)
+        tier = "ssd" if self.cfg.storage.storage_dir else "host"
+        result.cache_history.append({"step": step, **rates})
+        if self.writer is not None:
+            for k, v in rates.items():
+                self.writer.add_scalar(f"cache/{k.replace('bytes', f'bytes_{tier}')}", v, step)
+
+    def _cache_summary(self, steps: int) -> dict[str, float]:
+        """Per-step means over the run, summed over ranks (one all-reduce, on every rank alike:
+        whether any table is cached is the same decision everywhere)."""
+        if not self._any_cached_table():
+            return {}
+        keys = ("lookups", "unique_rows", "hits", "misses", "evictions", "writebacks", "bytes_read",
+                "bytes_written", "prefetched_rows", "prefetch_deferred", "fetch_s")
+        mine = self.cache_stats()
+        v = torch.tensor([float(mine.get(k, 0)) for k in keys], dtype=torch.float64)
+        if self.comm is not None:
+            v = self.comm.all_reduce(v.to(getattr(self.comm, "device", "cpu")), op="sum", tag="metrics").cpu()
+        total = dict(zip(keys, v.tolist()))
+        out = self._cache_rates(total, {}, steps)
+        out["fetch_ms_per_step"] /= max(1, self.world_size)  # per rank: the ranks fetch in parallel
+        out["tier"] = "ssd" if self.cfg.storage.storage_dir else "host"  # type: ignore[assignment]
+        out["prefetch_deferred"] = total["prefetch_deferred"]
+        return out
+
+    def _any_cached_table(self) -> bool:
+        s = self.cfg.storage
+        plan = getattr(getattr(self.model, "embeddings", None), "plan", None)
+        factors = [t.cache_load_factor for t in plan.tables] if plan is not None else []
+        return (s.cache_load_factor < 1 or any(t.cache_load_factor is not None and t.cache_load_factor < 1
+                                               for t in self.cfg.model.tables)
+                or any(f is not None and f < 1 for f in factors))
 
     def _log_breakdown(self, step: int) -> None:
         """TensorBoard: per-phase ms/step and bytes per collective tag per step, so far."""

@@ -1,0 +1,145 @@
+"""Training with cached tables (a bounded cache over host memory or the SSD tier) gives the same
+per-step losses, evaluations and final tables as training with every row resident: on 1 rank
+and on 3 ranks under TW, RW and CW, with the pipeline prefetching batch i+1's rows during
+batch i's backward, for every sparse optimizer."""
+import json
+
+import pytest
+import torch
+
+from neo_train.cli import main
+from neo_train.config import TableConfig, preset
+from neo_train.sharding import ShardingPlan
+from neo_train.testing import run_ranks
+from neo_train.train import Trainer
+
+
+def _cfg(factor: float = 1.0, optimizer: str = "rowwise_adagrad", policy: str = "lru", storage_dir: str = "",
+         pipeline: bool = True, steps: int = 8, **train):
+    base = preset("tiny")
+    tables = (  # awkward sizes; power-law ids; every batch fits a 0.03 cache on 1 rank, 0.2 on 3
+        TableConfig("big", 3001, 8, pooling_factor=2.0),
+        TableConfig("mid", 2003, 8, pooling="mean", pooling_factor=1.0, feature_names=("m0", "m1")),
+        TableConfig("hot", 2400, 8, pooling_factor=3.0),
+    )
+    kw = {"steps": steps, "batch_size": 16, "kernel_backend": "reference", "sparse_optimizer": optimizer,
+          "log_every": 2, "eval_every": 4, "eval_batches": 2, "pipeline": pipeline, **train}
+    return base.replace(
+        model=base.model.replace(tables=tables),
+        train=base.train.replace(**kw),
+        storage=base.storage.replace(cache_load_factor=factor, cache_policy=policy, storage_dir=storage_dir),
+    )
+
+
+def _result(t: Trainer, r):
+    return r.losses, r.eval_history, t.gather_state_dict()["tables"], r.cache
+
+
+def _single(**kw):
+    t = Trainer(_cfg(**kw), progress=False)
+    return _result(t, t.run())
+
+
+def _assert_same(resident, cached) -> None:
+    assert resident[0] == cached[0] and len(resident[0]) == 8  # identical per-step losses
+    assert resident[1] == cached[1]  # and evaluations (mid-run ones with a prefetch in flight)
+    for name, e in resident[2].items():
+        for k, v in e.items():
+            assert torch.equal(v, cached[2][name][k]), f"{name}.{k}"
+    assert not resident[3]  # nothing cached there
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+def test_one_rank_cached_equals_resident(optimizer):
+    resident = _single(optimizer=optimizer)
+    cached = _single(optimizer=optimizer, factor=0.03)
+    _assert_same(resident, cached)
+    c = cached[3]
+    assert c["rows_evicted_per_step"] > 0 and 0 < c["hit_rate"] < 1, c  # the cache really worked
+    assert c["tier"] == "host"
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_ssd_tier_and_lfu_equal_resident(tmp_path, pipeline):
+    resident = _single(optimizer="adam", pipeline=pipeline)
+    cached = _single(optimizer="adam", pipeline=pipeline, factor=0.03, policy="lfu", storage_dir=str(tmp_path))
+    _assert_same(resident, cached)
+    assert cached[3]["tier"] == "ssd" and cached[3]["bytes_written_per_step"] > 0
+    assert any(p.is_file() for p in tmp_path.rglob("*"))  # the tables live in files there
+    assert (cached[3]["rows_prefetched_per_step"] > 0) == pipeline  # the plain loop fetches at lookup
+
+
+def _ranks(comm, factor, optimizer, overrides, storage_dir):
+    cfg = _cfg(factor=factor, optimizer=optimizer, storage_dir=storage_dir and f"{storage_dir}")
+    plan = ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size).with_overrides(cfg.model, overrides)
+    t = Trainer(cfg, comm=comm, plan=plan, progress=False)
+    return _result(t, t.run())
+
+
+@pytest.mark.parametrize("optimizer,overrides,ssd", [
+    ("rowwise_adagrad", {"big": "row_wise", "mid": "column_wise"}, False),  # RW + CW + TW
+    pytest.param("adam", {"big": "column_wise", "hot": "row_wise"}, True, marks=pytest.mark.slow),
+    pytest.param("sgd", {"mid": "row_wise"}, False, marks=pytest.mark.slow),
+    pytest.param("adagrad", {"hot": "column_wise", "big": "row_wise"}, False, marks=pytest.mark.slow),
+])
+def test_three_ranks_cached_equals_resident(tmp_path, optimizer, overrides, ssd):
+    resident = run_ranks(_ranks, 3, 1.0, optimizer, overrides, "")
+    cached = run_ranks(_ranks, 3, 0.2, optimizer, overrides, str(tmp_path) if ssd else "")
+    _assert_same(resident[0], cached[0])
+    assert cached[0][3]["rows_evicted_per_step"] > 0
+    assert cached[0][3] == cached[1][3] == cached[2][3]  # summed over ranks: every rank reports the same
+
+
+def test_a_cache_smaller_than_a_batch_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"big.*cache_load_factor"):
+        Trainer(_cfg(factor=0.005), progress=False).run()
+
+
+def test_cli_cache_flags_report_the_hit_rate(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    rc = main(["train", "--preset", "tiny", "--nproc", "1", "--steps", "6", "--log-dir", "none", "--backend", "reference",
+               "--cache-load-factor", "0.9", "--cache-policy", "lfu", "--storage-dir", str(tmp_path / "ssd"),
+               "--metrics-out", str(out), "--no-progress"])
+    assert rc == 0
+    m = json.loads(out.read_text())
+    assert m["cache"]["tier"] == "ssd" and 0 <= m["cache"]["hit_rate"] <= 1 and m["cache_history"]
+    assert "cache_hit_rate=" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--cache-load-factor", "0"], "storage.cache_load_factor: must be in (0, 1]"),
+    (["--cache-load-factor", "1.5"], "storage.cache_load_factor: must be in (0, 1]"),
+    (["--stochastic-rounding"], "storage.stochastic_rounding"),
+    (["--table-dtype", "fp8"], "--table-dtype"),
+    (["--cache-policy", "fifo"], "--cache-policy"),
+])
+def test_bad_storage_flags_are_one_line(flags, message, capsys):
+    try:
+        rc = main(["train", "--preset", "tiny", "--nproc", "1", "--steps", "2", "--log-dir", "none", *flags])
+    except SystemExit as e:  # argparse's own usage errors
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_table_dtype_reaches_the_kernel(dtype, torch_dtype):
+    cfg = _cfg(steps=4)
+    cfg = cfg.replace(storage=cfg.storage.replace(table_dtype=dtype))
+    t = Trainer(cfg, progress=False)
+    assert t.model.embeddings.kernel.weight_dtype == torch_dtype
+    low = t.run().losses
+    full = Trainer(_cfg(steps=4), progress=False).run().losses
+    assert all(abs(a - b) < 0.05 for a, b in zip(low, full)) and low != full  # rounded, not ignored
+
+
+def test_a_backend_without_the_table_dtype_refuses_it():
+    from neo_train.kernels import available_backends
+
+    if "fbgemm" not in available_backends():
+        pytest.skip("fbgemm does not import here")
+    cfg = _cfg(kernel_backend="fbgemm")
+    cfg = cfg.replace(storage=cfg.storage.replace(table_dtype="bf16"))
+    with pytest.raises(ValueError, match=r"backend 'fbgemm' does not support weight dtype torch.bfloat16"):
+        Trainer(cfg, progress=False)
