@@ -143,3 +143,63 @@ def test_a_backend_without_the_table_dtype_refuses_it():
     cfg = cfg.replace(storage=cfg.storage.replace(table_dtype="bf16"))
     with pytest.raises(ValueError, match=r"backend 'fbgemm' does not support weight dtype torch.bfloat16"):
         Trainer(cfg, progress=False)
+
+
+def _ck_ranks(comm, factor, steps, root, overrides):
+    cfg = _cfg(factor=factor, steps=steps, checkpoint_dir=root, checkpoint_every=4, eval_every=0)
+    plan = ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size).with_overrides(cfg.model, overrides)
+    t = Trainer(cfg, comm=comm, plan=plan, progress=False)
+    r = t.run()
+    return r.losses, t.gather_state_dict()["tables"]
+
+
+def test_checkpoints_of_cached_tables_resume_exactly_and_reshard(tmp_path):
+    """A checkpoint flushes the dirty rows: resuming a cached 2-rank run is exact, and its
+    checkpoint loads into 3 resident ranks and into 1 cached process with the same tables."""
+    rw = {"big": "row_wise", "hot": "row_wise"}
+    whole = run_ranks(_ck_ranks, 2, 0.2, 8, str(tmp_path / "whole"), rw)[0]
+    root = str(tmp_path / "ck")
+    first = run_ranks(_ck_ranks, 2, 0.2, 4, root, rw)[0]
+    resumed = run_ranks(_ck_ranks, 2, 0.2, 8, root, rw)[0]
+    assert resumed[0] == whole[0] and len(whole[0]) == 8 and first[0] == whole[0][:4]
+    for name, e in whole[1].items():
+        for k, v in e.items():
+            assert torch.equal(v, resumed[1][name][k]), f"{name}.{k}"
+    # the step-8 checkpoint under 3 resident ranks (N -> M) and under 1 cached process
+    three = run_ranks(_ck_ranks, 3, 1.0, 8, root, {"mid": "column_wise"})[0]
+    one = Trainer(_cfg(factor=0.03, steps=8, checkpoint_dir=root, eval_every=0), progress=False)
+    one.run()
+    for got in (three[1], one.gather_state_dict()["tables"]):
+        for name, e in whole[1].items():
+            assert torch.equal(e["weight"], got[name]["weight"]), name
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_with_cached_tables_on_the_ssd_tier(tmp_path):
+    """The elastic kill-a-rank test with every table cached on the SSD tier: the restarted job
+    resumes from the checkpoint (which flushed the dirty rows) and matches the resident run."""
+    import os
+    import subprocess
+    import sys
+
+    cfg_path = tmp_path / "cached.toml"
+    _cfg(steps=8, eval_every=0).dump(cfg_path)
+
+    def train(name, *extra, fail=None):
+        out = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "-m", "neo_train", "train", "--config", str(cfg_path), "--nproc", "2",
+               "--sharding", "row_wise", "--log-dir", "none", "--no-progress", "--metrics-out", str(out), *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **({"NEO_TRAIN_FAIL_AT": fail} if fail else {})}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        return p, (json.loads(out.read_text()) if out.exists() else None)
+
+    p, plain = train("plain")
+    assert p.returncode == 0, p.stderr[-3000:]
+    p, elastic = train("elastic", "--cache-load-factor", "0.1", "--storage-dir", str(tmp_path / "ssd"),
+                       "--max-restarts", "1", "--checkpoint-every", "3", "--checkpoint-dir", str(tmp_path / "ck"),
+                       fail="5:1")
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text[-4000:]
+    assert "rank 1 dies at step 5" in text and "resumed from step 3" in text
+    assert elastic["cache"]["tier"] == "ssd" and elastic["cache"]["rows_evicted_per_step"] > 0
+    assert elastic["losses"] == plain["losses"]  # 2 ranks: resume is bit-exact
