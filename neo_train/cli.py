@@ -108,55 +108,27 @@ def config_from_args(args: argparse.Namespace):
     from .config import Config, preset
 
     cfg = Config.load(args.config) if args.config else preset(args.preset, row_scale=args.row_scale)
-    train = {
-        k: v
-        for k, v in {
-            "steps": args.steps,
-            "batch_size": args.batch_size,
-            "seed": args.seed,
-            "kernel_backend": args.backend,
-            "eval_every": args.eval_every,
-            "max_loss": args.max_loss,
-            "eval_batches": args.eval_batches,
-            "pipeline": False if args.no_pipeline else None,
-            "check_inputs": args.check_inputs,
-            "checkpoint_dir": args.checkpoint_dir,
-            "checkpoint_every": args.checkpoint_every,
-            "resume": False if args.no_resume else None,
-        }.items()
-        if v is not None
-    }
-    data = {
-        k: v
-        for k, v in {"source": args.data, "path": args.data_path, "eval_path": args.eval_path,
-                     "epochs": args.epochs, "holdout_every": args.holdout_every}.items()
-        if v is not None
-    }
-    dist = {
-        k: v
-        for k, v in {
-            "sharding": args.sharding,
-            "plan_path": str(args.plan) if args.plan else None,
-            "forward_comm_dtype": args.comm_dtype_fwd,
-            "backward_comm_dtype": args.comm_dtype_bwd,
-            "timeout_s": args.timeout,
-            "collective_rules": args.collective_rules,
-            "hosts_per_rack": args.hosts_per_rack,
-            "trace_dir": args.trace_dir,
-        }.items()
-        if v is not None
-    }
-    storage = {
-        k: v
-        for k, v in {
-            "cache_load_factor": args.cache_load_factor,
-            "cache_policy": args.cache_policy,
-            "storage_dir": args.storage_dir,
-            "table_dtype": args.table_dtype,
-            "stochastic_rounding": args.stochastic_rounding,
-        }.items()
-        if v is not None
-    }
+    def given(**fields):  # the flags the user gave (argparse leaves the others None)
+        return {k: v for k, v in fields.items() if v is not None}
+
+    train = given(
+        steps=args.steps, batch_size=args.batch_size, seed=args.seed, kernel_backend=args.backend,
+        eval_every=args.eval_every, max_loss=args.max_loss, eval_batches=args.eval_batches,
+        pipeline=False if args.no_pipeline else None, check_inputs=args.check_inputs,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        resume=False if args.no_resume else None,
+    )
+    data = given(source=args.data, path=args.data_path, eval_path=args.eval_path, epochs=args.epochs,
+                 holdout_every=args.holdout_every)
+    dist = given(
+        sharding=args.sharding, plan_path=str(args.plan) if args.plan else None,
+        forward_comm_dtype=args.comm_dtype_fwd, backward_comm_dtype=args.comm_dtype_bwd, timeout_s=args.timeout,
+        collective_rules=args.collective_rules, hosts_per_rack=args.hosts_per_rack, trace_dir=args.trace_dir,
+    )
+    storage = given(
+        cache_load_factor=args.cache_load_factor, cache_policy=args.cache_policy, storage_dir=args.storage_dir,
+        table_dtype=args.table_dtype, stochastic_rounding=args.stochastic_rounding,
+    )
     return cfg.replace(
         train=cfg.train.replace(**train), data=cfg.data.replace(**data), dist=cfg.dist.replace(**dist),
         storage=cfg.storage.replace(**storage),
