@@ -213,6 +213,7 @@ def _auto_plan(cfg, world_size: int, local_world_size: int, device: str, quiet: 
         fwd_comm_dtype=cfg.dist.forward_comm_dtype, bwd_comm_dtype=cfg.dist.backward_comm_dtype,
         # the fbgemm kernels need column shards in multiples of 4
         min_col_width=4,
+        zipf_alpha=cfg.data.zipf_alpha, ssd=bool(cfg.storage.storage_dir),
     )
     result = plan_sharding(cfg.model, cluster, opts)
     if quiet:

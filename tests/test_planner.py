@@ -222,7 +222,7 @@ def test_impossible_model_names_the_table_and_the_fix():
     assert "smallest change that would fit" in msg and "--nodes" in msg
     # pinned to table-wise, the first fix is to allow row-wise sharding
     with pytest.raises(PlanningError, match="allow row_wise"):
-        plan_sharding(_model([TableConfig("wide", 5_000_000, 128)]), c, PlannerOptions(batch_size=8),
+        plan_sharding(_model([TableConfig("wide", 5_000_000, 128)]), c, PlannerOptions(batch_size=8, auto_cache=False),
                       {"wide": TableConstraint(allowed=(TW,))})
     # non-strict: a best-effort plan, fits=False, the fix verified by planning again
     res = plan_sharding(m, c, PlannerOptions(batch_size=8), strict=False)

@@ -46,6 +46,8 @@ __all__ = [
     "TABLE_DTYPES",
     "state_bytes_per_row",
     "shard_memory_bytes",
+    "cache_hit_rate",
+    "cache_miss_bytes",
     "lookup_bytes",
     "update_bytes",
     "dp_update_bytes",
@@ -88,6 +90,15 @@ class CostContext:
     """Wire format of their gradients in the backward."""
     id_bytes: int = 8
     length_bytes: int = 4
+    ssd: bool = False
+    """Cached tables' backing store is the SSD tier (misses at ``ssd_bandwidth``, shared by a
+    node's devices) rather than host memory (at ``host_link_bandwidth`` per device)."""
+
+    @property
+    def miss_bandwidth(self) -> float:
+        """Bytes/s one device's cache misses move between its cache and the backing store."""
+        c = self.cluster
+        return c.ssd_bandwidth / c.devices_per_node if self.ssd else c.host_link_bandwidth
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -135,6 +146,37 @@ def state_bytes_per_row(cols: Any, optimizer: str) -> Any:
 def shard_memory_bytes(rows: Any, cols: Any, elem_bytes: int, optimizer: str) -> Any:
     """Resident bytes of a shard: weights + optimizer state = R_s*D_s*e + R_s*state_bytes_per_row."""
     return rows * cols * elem_bytes + rows * state_bytes_per_row(cols, optimizer)
+
+
+def cache_hit_rate(fraction: Any, rows: Any, alpha: Any) -> Any:
+    """Expected share of a table's lookups that hit a cache of ``fraction`` x ``rows`` rows
+    holding the hottest rows, when ids follow the synthetic power law P(rank k) ~ k^-alpha
+    (data/synthetic.py draws ranks by inverting its continuous CDF): the CDF at K = fraction*R,
+
+        alpha = 1:  ln K / ln R          else:  (K^(1-alpha) - 1) / (R^(1-alpha) - 1)
+
+    It is the ideal frequency-ordered cache, so an upper bound: measured per-id steady-state hit
+    rates of kernels/cache.py on the synthetic law (20k rows, 2k ids a step, alpha 0.8 / 1.05 /
+    1.2, cache 10-50 %) are 0.02-0.06 below it for LFU and 0.03-0.13 below for LRU
+    (tests/test_cache_model.py holds LFU within 0.06)."""
+    f = np.clip(np.asarray(fraction, dtype=np.float64), 0.0, 1.0)
+    R = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+    a = np.asarray(alpha, dtype=np.float64)
+    K = np.maximum(f * R, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        one = np.log(K) / np.log(np.maximum(R, 2.0))
+        e = 1.0 - a
+        other = (K ** e - 1.0) / (R ** e - 1.0)
+    h = np.where(np.abs(a - 1.0) < 1e-9, one, np.where(a == 0, K / R, other))
+    return np.where(f >= 1.0, 1.0, np.clip(np.nan_to_num(h, nan=1.0), 0.0, 1.0))
+
+
+def cache_miss_bytes(ids: Any, fraction: Any, rows: Any, alpha: Any, cols: Any, elem_bytes: int, optimizer: str) -> Any:
+    """Host-link bytes per step of a cached shard looking up ``ids`` ids: every miss fetches a
+    row (weights + optimizer state) and, the cache being write-back and every trained row dirty,
+    writes one back: ids * (1 - hit) * 2 * row bytes (an upper bound: repeated ids miss once)."""
+    miss = 1.0 - cache_hit_rate(fraction, rows, alpha)
+    return ids * miss * 2.0 * (cols * elem_bytes + state_bytes_per_row(cols, optimizer))
 
 
 def lookup_bytes(bags: Any, ids: Any, cols: Any, elem_bytes: int, id_bytes: int = 8, weighted: Any = False) -> Any:
@@ -386,11 +428,15 @@ def estimate(
     fwd_comm_dtype: str = "fp32",
     bwd_comm_dtype: str = "fp32",
     memory_fraction: float = 1.0,
+    zipf_alpha: float = 1.1,
+    ssd: bool = False,
 ) -> CostEstimate:
     """Price ``plan`` for ``model`` on ``cluster`` at local batch ``batch_size``.
 
     The plan's world size and ranks per node must match the cluster's. ``memory_fraction`` of each
     device's memory is usable (the rest is left to the runtime: CUDA context, allocator slack).
+    Cached tables (the plan's or the model's cache load factors) are priced as ``RankLoads.deltas``
+    says, their hit rate from ``zipf_alpha``.
     """
     from .loads import RankLoads, TableArrays
 
@@ -400,8 +446,13 @@ def estimate(
             f"'{cluster.name}' has {cluster.world_size} ({cluster.devices_per_node} per node)"
         )
     plan.validate(model)
-    ctx = CostContext(cluster, batch_size, table_dtype, optimizer, dense_optimizer, fwd_comm_dtype, bwd_comm_dtype)
-    tables = TableArrays.from_model(model)
+    ctx = CostContext(cluster, batch_size, table_dtype, optimizer, dense_optimizer, fwd_comm_dtype, bwd_comm_dtype,
+                      ssd=ssd)
+    tables = TableArrays.from_model(model, zipf_alpha)
+    for i, t in enumerate(model.tables):  # the plan's cache load factors override the tables'
+        f = plan[t.name].cache_load_factor
+        if f is not None:
+            tables.cache[i] = f
     loads = RankLoads(ctx, tables, model)
     loads.set_group_weighting(model, plan)
     with loads.bulk():

@@ -26,6 +26,7 @@ from .cost_model import (
     CostContext,
     CostEstimate,
     a2a_time,
+    cache_miss_bytes,
     dense_flops_per_sample,
     dense_memory_bytes,
     dense_params,
@@ -63,9 +64,13 @@ class TableArrays:
     pooling: np.ndarray
     features: np.ndarray
     mean: np.ndarray
+    cache: np.ndarray
+    """Cache load factor (1: resident): device memory holds cache x rows of each shard."""
+    alpha: np.ndarray
+    """Power-law exponent of the ids (the hit rate of a cached table follows from it)."""
 
     @classmethod
-    def from_model(cls, model: ModelConfig) -> "TableArrays":
+    def from_model(cls, model: ModelConfig, alpha: float = 1.1) -> "TableArrays":
         ts = model.tables
         return cls(
             tuple(t.name for t in ts),
@@ -74,6 +79,8 @@ class TableArrays:
             np.array([t.pooling_factor for t in ts], dtype=np.float64),
             np.array([len(t.feature_names) for t in ts], dtype=np.float64),
             np.array([t.pooling == "mean" for t in ts]),
+            np.array([1.0 if t.cache_load_factor is None else t.cache_load_factor for t in ts], dtype=np.float64),
+            np.array([alpha if t.zipf_alpha is None else t.zipf_alpha for t in ts], dtype=np.float64),
         )
 
 
@@ -138,6 +145,8 @@ class RankLoads:
         TW/CW/TWCW: bags = W*b*F, ids = W*b*L*F, every id reaches the shard.
         RW/TWRW: bags = W*b*F (every bag reaches every owner), ids = W*b*L*F*R_s/R.
         Resident: the shard + buffers 2*bags*D_s*4 (pooled output and its gradient) + routed ids.
+        A cached table (cache factor c < 1) keeps c x its rows on the device, and its misses cross
+        the host link (``cache_miss_bytes``), priced as the HBM bytes that take as long.
         """
         ctx, t = self.ctx, self.t
         b, W, e = ctx.batch_size, self.W, ctx.elem_bytes
@@ -146,12 +155,17 @@ class RankLoads:
         weighted = self.weighted.get(group, False)
         bags, ids = W * b * F, W * b * L * F * frac
         per_id = ctx.id_bytes + (4 if weighted else 0)
+        c = float(t.cache[i])
+        miss = 0.0
+        if c < 1.0:
+            link = self.c.hbm_bandwidth / ctx.miss_bandwidth
+            miss = link * cache_miss_bytes(ids, c, t.rows[i], t.alpha[i], cols, e, ctx.optimizer)
         return Deltas(
             inp=input_bytes_per_peer(b, F, L, frac, weighted, ctx.id_bytes, ctx.length_bytes),
             out=b * cols * F,
-            fwd=lookup_bytes(bags, ids, cols, e, ctx.id_bytes, weighted),
+            fwd=lookup_bytes(bags, ids, cols, e, ctx.id_bytes, weighted) + miss,
             bwd=update_bytes(bags, ids, rows, cols, e, ctx.optimizer, ctx.id_bytes),
-            mem=shard_memory_bytes(rows, cols, e, ctx.optimizer) + 2 * bags * cols * 4 + ids * per_id,
+            mem=shard_memory_bytes(np.ceil(c * rows), cols, e, ctx.optimizer) + 2 * bags * cols * 4 + ids * per_id,
         )
 
     def dp_deltas(self, i: int) -> tuple[float, float, float, float]:

@@ -77,8 +77,31 @@ def format_tables(result: "PlanResult", model, max_tables: int = 10) -> str:
         tp = result.plan[t.name]
         ranks = sorted({s.rank for s in tp.shards})
         where = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(tp.shards)} shards on ranks {ranks[0]}..{ranks[-1]}"
-        out.append(f"  {t.name:<10} {t.num_rows:>14,} x {t.dim:<4} L={t.pooling_factor:<6g} {tp.sharding.value:<18} {where}")
+        cache = "" if tp.cache_load_factor is None else f"  cached {tp.cache_load_factor:g}"
+        out.append(f"  {t.name:<10} {t.num_rows:>14,} x {t.dim:<4} L={t.pooling_factor:<6g} {tp.sharding.value:<18} {where}{cache}")
     return "\n".join(out)
+
+
+def format_cache(result: "PlanResult", model) -> str:
+    """One line on the cached tables (empty when every table is resident): how many, their load
+    factors, the expected hit rates and where their full rows live."""
+    from .cost_model import cache_hit_rate, shard_memory_bytes
+
+    o = result.options
+    cached = [(t, result.plan[t.name].cache_load_factor) for t in model.tables
+              if result.plan[t.name].cache_load_factor is not None]
+    if not cached:
+        return ""
+    e = o.context(result.cluster).elem_bytes
+    hits = [float(cache_hit_rate(f, t.num_rows, o.zipf_alpha if t.zipf_alpha is None else t.zipf_alpha))
+            for t, f in cached]
+    store = sum(float(shard_memory_bytes(t.num_rows, t.dim, e, o.optimizer)) for t, _ in cached)
+    factors = sorted({f for _, f in cached})
+    tier = "SSD" if o.ssd else f"host memory ({result.cluster.nodes} x {result.cluster.host_memory_bytes / 1e12:.2f} TB)"
+    return (f"cache       {len(cached)} table(s) cached at load factor {', '.join(f'{f:g}' for f in factors)}: "
+            f"expected hit rate {min(hits):.3f}-{max(hits):.3f} (zipf {o.zipf_alpha:g}, LFU); their rows and "
+            f"state ({store / 1e12:.2f} TB) in {tier}; misses priced at "
+            f"{o.context(result.cluster).miss_bandwidth / 1e9:.3g} GB/s per device in 'lookup'")
 
 
 def result_summary(result: "PlanResult") -> dict:
@@ -95,6 +118,8 @@ def result_summary(result: "PlanResult") -> dict:
         "fits": result.fits,
         "explanation": result.explanation,
         "sharding_counts": result.counts,
+        "cache_load_factors": {tp.table: tp.cache_load_factor for tp in result.plan.tables
+                               if tp.cache_load_factor is not None},
         "step_seconds": step,
         "samples_per_second": c.world_size * o.batch_size / step if step > 0 else 0.0,
         "breakdown_seconds": est.breakdown(),
@@ -179,6 +204,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", help="sparse optimizer (default: the config's)")
     p.add_argument("--memory-fraction", type=memory_fraction, default=0.95,
                    help="usable share of device memory, in (0, 1] (default 0.95)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="never cache tables (default: when they do not fit resident, cache the large ones)")
+    p.add_argument("--ssd", action="store_true", help="cached tables live on the SSD tier (host memory does not bound them)")
     p.add_argument("--out", type=Path, help="write the plan JSON here (only when it fits)")
     p.add_argument("--summary-json", type=Path, help="write the summary and per-rank estimate as JSON")
     p.add_argument("--max-tables-shown", type=int, default=10, help="largest tables listed with their sharding")
@@ -209,6 +237,9 @@ def plan_command(args: argparse.Namespace) -> int:
         fwd_comm_dtype=cfg.dist.forward_comm_dtype,
         bwd_comm_dtype=cfg.dist.backward_comm_dtype,
         memory_fraction=args.memory_fraction,
+        auto_cache=not args.no_cache,
+        zipf_alpha=cfg.data.zipf_alpha,
+        ssd=args.ssd or bool(cfg.storage.storage_dir),
     )
     m = cfg.model
     n = m.num_embedding_params
@@ -219,6 +250,9 @@ def plan_command(args: argparse.Namespace) -> int:
     print(format_tables(result, m, args.max_tables_shown))
     print()
     print(format_result(result, args.max_ranks_shown))
+    cache = format_cache(result, m)
+    if cache:
+        print(cache)
     if args.summary_json:
         args.summary_json.write_text(json.dumps(result_summary(result), indent=1))
         print(f"summary written to {args.summary_json}")

@@ -31,6 +31,7 @@ Deterministic: no randomness, ties broken by index. Nothing is allocated per tab
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from ..topology.spec import ClusterSpec
 from .cost_model import CostContext, CostEstimate, estimate
 from .loads import GROUP_OF, RankLoads, TableArrays, _max_excluding_self, row_ranges
 from .plan import Shard, ShardingPlan, ShardingType, TablePlan, even_splits
-from .plan_explain import Fix, check_coverage, checked_explanation, explain_infeasible, round_robin_plan
+from .plan_explain import Fix, _fmt_bytes, check_coverage, checked_explanation, explain_infeasible, round_robin_plan
 
 __all__ = [
     "TableConstraint",
@@ -89,10 +90,20 @@ class PlannerOptions:
     """Try CW/TWCW when a table kept whole (TW) would lift the slowest rank more than this
     fraction above the projected mean (0: any lift), or cannot be placed whole."""
     refine_iters: int = 200
+    auto_cache: bool = True
+    """When the tables do not fit device memory resident, cache the large ones (keep a share of
+    their rows on the device, the rest in host memory or on SSD) before reporting no fit."""
+    zipf_alpha: float = 1.1
+    """Power-law exponent of the ids (DataConfig.zipf_alpha): a cached table's hit rate."""
+    ssd: bool = False
+    """Cached tables' backing store is the SSD tier (storage.storage_dir): host memory does not
+    bound their size. Otherwise their full rows and state must fit the nodes' host memory."""
+    cache_factors: tuple[float, ...] = (0.5, 0.25, 0.1, 0.05, 0.02, 0.01)
+    """The load factors auto_cache tries, largest (best hit rate) first."""
 
     def context(self, cluster: ClusterSpec) -> CostContext:
         return CostContext(cluster, self.batch_size, self.table_dtype, self.optimizer, self.dense_optimizer,
-                           self.fwd_comm_dtype, self.bwd_comm_dtype)
+                           self.fwd_comm_dtype, self.bwd_comm_dtype, ssd=self.ssd)
 
 
 class PlanningError(ValueError):
@@ -155,7 +166,7 @@ class _Planner:
                  constraints: Mapping[str, TableConstraint], cap_scale: float = 1.0) -> None:
         self.model, self.c, self.o = model, cluster, opts
         self.ctx = opts.context(cluster)
-        self.t = TableArrays.from_model(model)
+        self.t = TableArrays.from_model(model, opts.zipf_alpha)
         self.L = RankLoads(self.ctx, self.t, model)
         # the planner does not know the final RW groups: price weights if any table is mean-pooled
         anymean = bool(self.t.mean.any())
@@ -179,8 +190,8 @@ class _Planner:
     def allowed(self, i: int) -> list[ShardingType]:
         c = self.cons[i]
         ok = list(c.allowed) if c.allowed is not None else list(self.o.allowed)
-        if c.ranks is not None and len(set(c.ranks)) < self.W:
-            ok = [st for st in ok if st != ShardingType.DATA_PARALLEL]
+        if (c.ranks is not None and len(set(c.ranks)) < self.W) or self.t.cache[i] < 1.0:
+            ok = [st for st in ok if st != ShardingType.DATA_PARALLEL]  # replicas are never cached
         return ok
 
     def rank_mask(self, i: int) -> np.ndarray:
@@ -488,6 +499,9 @@ class _Planner:
 
     def build(self) -> ShardingPlan:
         tps = tuple(ch.table_plan(n) for n, ch in zip(self.t.names, self.choice))  # type: ignore[union-attr]
+        tps = tuple(  # the cached tables carry their load factor in the plan
+            tp if c >= 1.0 else dataclasses.replace(tp, cache_load_factor=float(c)) for tp, c in zip(tps, self.t.cache)
+        )
         return ShardingPlan(self.W, self.G, tps)
 
 
@@ -536,7 +550,12 @@ def plan_sharding(
     cons = dict(constraints or {})
     explanation = ""
     try:
-        p = _plan_once(model, cluster, opts, cons)
+        try:
+            p = _plan_once(model, cluster, opts, cons)
+        except PlanningError as resident_error:
+            p = _plan_cached(model, cluster, opts, cons, resident_error) if opts.auto_cache else None
+            if p is None:
+                raise
     except PlanningError as e:
         if strict:
             raise
@@ -556,7 +575,8 @@ def plan_sharding(
     plan.validate(model, cluster.world_size, cluster.devices_per_node)
     est = estimate(model, plan, cluster, opts.batch_size, opts.table_dtype, opts.optimizer,
                    dense_optimizer=opts.dense_optimizer, fwd_comm_dtype=opts.fwd_comm_dtype,
-                   bwd_comm_dtype=opts.bwd_comm_dtype, memory_fraction=opts.memory_fraction)
+                   bwd_comm_dtype=opts.bwd_comm_dtype, memory_fraction=opts.memory_fraction,
+                   zipf_alpha=opts.zipf_alpha, ssd=opts.ssd)
     counts: dict[str, int] = {}
     for tp in plan.tables:
         counts[tp.sharding.value] = counts.get(tp.sharding.value, 0) + 1
@@ -564,6 +584,54 @@ def plan_sharding(
     if not est.fits and not explanation:
         explanation = "the plan overflows device memory on some ranks (buffers the planner under-counted)"
     return PlanResult(plan, est, cluster, opts, fits, explanation, time.perf_counter() - start, counts)
+
+
+def _cacheable(model: ModelConfig, cluster: ClusterSpec, opts: PlannerOptions, factor: float) -> list[int]:
+    """Tables worth caching at ``factor``: larger than 1% of a device's usable memory, and with a
+    cache that holds twice the ids one step sends a shard (W*b*L*F of them, spread over its rows),
+    so a batch always fits (kernels/cache.py refuses a batch larger than its cache)."""
+    from .cost_model import shard_memory_bytes
+
+    e = opts.context(cluster).elem_bytes
+    usable = cluster.device_memory_bytes * opts.memory_fraction
+    out = []
+    for i, t in enumerate(model.tables):
+        ids = cluster.world_size * opts.batch_size * t.pooling_factor * len(t.feature_names)
+        size = float(shard_memory_bytes(t.num_rows, t.dim, e, opts.optimizer))
+        if size > 0.01 * usable and factor * t.num_rows >= 2 * ids:
+            out.append(i)
+    return out
+
+
+def _plan_cached(model: ModelConfig, cluster: ClusterSpec, opts: PlannerOptions,
+                 constraints: Mapping[str, TableConstraint], resident_error: PlanningError) -> "_Planner | None":
+    """The model with its large tables cached at the largest of ``opts.cache_factors`` that fits
+    (best hit rate first), or None. Their full rows and state must fit the nodes' host memory
+    unless the backing store is the SSD tier; the misses are priced on the host link."""
+    from .cost_model import shard_memory_bytes
+
+    e = opts.context(cluster).elem_bytes
+    for f in opts.cache_factors:
+        chosen = _cacheable(model, cluster, opts, f)
+        if not chosen:
+            continue
+        store = sum(float(shard_memory_bytes(model.tables[i].num_rows, model.tables[i].dim, e, opts.optimizer))
+                    for i in chosen)
+        host = cluster.host_memory_bytes * cluster.nodes * 0.9
+        if not opts.ssd and store > host:
+            # the same for every factor: the store holds every row
+            raise PlanningError(
+                f"{resident_error}\ncaching would not help in host memory: the cached tables' rows and state "
+                f"({_fmt_bytes(store)}) exceed 90% of the nodes' host memory ({_fmt_bytes(host)}); "
+                "give a storage dir (the SSD tier) or more nodes",
+                resident_error.table, resident_error.suggestions,
+            ) from None
+        tables = tuple(t.replace(cache_load_factor=f) if i in chosen else t for i, t in enumerate(model.tables))
+        try:
+            return _plan_once(model.replace(tables=tables), cluster, opts, constraints)
+        except PlanningError:
+            continue
+    return None
 
 
 def _plan_once(model: ModelConfig, cluster: ClusterSpec, opts: PlannerOptions,

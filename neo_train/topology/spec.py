@@ -54,6 +54,12 @@ class ClusterSpec:
     """Dense compute throughput of one device, FLOP/s (MLPs and interaction)."""
     devices_per_nic: int = 1
     """How many devices share one NIC: 1 on ZionEx (a NIC per GPU), 8 in the Opera study."""
+    host_link_bandwidth: float = 25e9
+    """One device's link to host memory per direction, bytes/s (PCIe 4.0 x16 ~25 GB/s): the
+    misses of a cached table (rows fetched from, and written back to, host memory) cross it."""
+    ssd_bandwidth: float = 6e9
+    """A node's SSD tier per direction, bytes/s (an NVMe drive ~6 GB/s), shared by its devices:
+    the misses of tables cached over the SSD tier."""
 
     def __post_init__(self) -> None:
         def check(ok: bool, fld: str, msg: str) -> None:
@@ -65,7 +71,7 @@ class ClusterSpec:
             v = getattr(self, fld)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, fld, f"must be an integer >= 1, got {v!r}")
         for fld in ("device_memory_bytes", "host_memory_bytes", "hbm_bandwidth", "intra_node_bandwidth",
-                    "inter_node_bandwidth", "device_flops"):
+                    "inter_node_bandwidth", "device_flops", "host_link_bandwidth", "ssd_bandwidth"):
             v = getattr(self, fld)
             check(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, fld, f"must be a positive number, got {v!r}")
         for fld in ("intra_node_latency", "inter_node_latency"):
