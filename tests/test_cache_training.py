@@ -2,6 +2,7 @@
 per-step losses, evaluations and final tables as training with every row resident: on 1 rank
 and on 3 ranks under TW, RW and CW, with the pipeline prefetching batch i+1's rows during
 batch i's backward, for every sparse optimizer."""
+import dataclasses
 import json
 
 import pytest
@@ -203,3 +204,22 @@ def test_a_killed_rank_restarts_with_cached_tables_on_the_ssd_tier(tmp_path):
     assert "rank 1 dies at step 5" in text and "resumed from step 3" in text
     assert elastic["cache"]["tier"] == "ssd" and elastic["cache"]["rows_evicted_per_step"] > 0
     assert elastic["losses"] == plain["losses"]  # 2 ranks: resume is bit-exact
+
+
+def _plan_cached_ranks(comm, factors):
+    cfg = _cfg(eval_every=0)
+    plan = ShardingPlan.uniform(cfg.model, "row_wise", comm.world_size)
+    plan = ShardingPlan(plan.world_size, plan.local_world_size, tuple(
+        dataclasses.replace(tp, cache_load_factor=factors.get(tp.table)) for tp in plan.tables))
+    plan = ShardingPlan.from_json(plan.to_json())  # as a plan file carries them
+    t = Trainer(cfg, comm=comm, plan=plan, progress=False)
+    return _result(t, t.run())
+
+
+def test_a_plans_cache_load_factors_cache_those_tables():
+    """The planner's per-table factors reach the kernels through the plan (JSON round trip)."""
+    factors = {"big": 0.05, "hot": 0.1}
+    resident = run_ranks(_plan_cached_ranks, 2, {})[0]
+    cached = run_ranks(_plan_cached_ranks, 2, factors)[0]
+    _assert_same(resident, cached)
+    assert cached[3]["rows_evicted_per_step"] > 0
