@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 import threading
 import time
 from dataclasses import dataclass
@@ -157,21 +158,63 @@ class MmapStore(BackingStore):
         self.directory.mkdir(parents=True, exist_ok=True)
         self._maps: list[np.memmap] = []
         weights = [self._map(f"table{t}.weight", weight_dtype, (s.rows, s.dim)) for t, s in enumerate(tables)]
-        states = []
+        self._weight_maps = list(self._maps)
+        states, self._state_maps = [], []
         for t, s in enumerate(tables):
             shapes = state_shapes(optimizer, s.rows, s.dim)
             states.append({n: self._map(f"table{t}.{n}", torch.float32, sh) for n, sh in shapes.items()})
+            self._state_maps.append(dict(zip(shapes, self._maps[-len(shapes):] if shapes else [])))
         super().__init__(weights, states)
+
+    def read(self, t: int, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """As BackingStore.read, after asking the kernel to read every page the rows sit on
+        (MADV_WILLNEED over runs of pages): the disk then serves them in parallel instead of one
+        page fault at a time (random reads of a cold store were fault-bound)."""
+        r = rows.numpy()
+        for mm in (self._weight_maps[t], *self._state_maps[t].values()):
+            _will_need(mm, r)
+        return super().read(t, rows)
+
+    def write(self, t: int, rows: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        """As BackingStore.write; a row shares its page with others, so a cold page is read
+        before it is changed: those reads are asked for together first, as in ``read``."""
+        r = rows.numpy()
+        for mm in (self._weight_maps[t], *self._state_maps[t].values()):
+            _will_need(mm, r)
+        super().write(t, rows, weight, state)
 
     def _map(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A new zero-filled file mapped as a CPU tensor (sharing the mapping's memory)."""
         mm = np.memmap(self.directory / name, dtype=self._NUMPY[dtype], mode="w+", shape=shape)
+        raw = getattr(mm, "_mmap", None)  # numpy keeps the mmap.mmap here
+        if raw is not None and hasattr(mmap, "MADV_RANDOM"):
+            # rows are read at random: without this every page fault reads ahead 128 KB around a
+            # 1 KB row (measured: a Model-F-shaped step fetching 50k rows took 27 s of faults)
+            raw.madvise(mmap.MADV_RANDOM)
         self._maps.append(mm)
         return torch.from_numpy(mm).view(dtype)
 
     def sync(self) -> None:
         for mm in self._maps:
             mm.flush()
+
+
+def _will_need(mm: np.memmap, rows: np.ndarray) -> None:
+    """madvise(MADV_WILLNEED) the pages holding ``rows`` of a row-major map."""
+    raw = getattr(mm, "_mmap", None)
+    if raw is None or not hasattr(mmap, "MADV_WILLNEED") or rows.size == 0:
+        return
+    rows = np.unique(rows)  # sorted: write-backs come in slot order
+    row_bytes = mm.itemsize * (int(np.prod(mm.shape[1:])) if mm.ndim > 1 else 1)
+    page = mmap.PAGESIZE
+    first = rows.astype(np.int64) * row_bytes // page
+    last = ((rows.astype(np.int64) + 1) * row_bytes - 1) // page
+    # runs of consecutive pages: a new run where a row's first page is past the previous last + 1
+    starts = np.flatnonzero(np.concatenate([[True], first[1:] > last[:-1] + 1]))
+    ends = np.concatenate([starts[1:], [rows.size]]) - 1
+    size = len(raw)  # the file's bytes: the last page may be partial
+    for a, b in zip(first[starts].tolist(), last[ends].tolist()):
+        raw.madvise(mmap.MADV_WILLNEED, a * page, min((b - a + 1) * page, size - a * page))
 
 
 # ---- the cache ----------------------------------------------------------------------------------

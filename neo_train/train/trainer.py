@@ -254,7 +254,8 @@ class Trainer:
         embedding_comm_backward: the embedding collectives of the backward (mirror exchanges,
         DP gradient all-reduce); backward_other: the rest of the backward (fused sparse update,
         dense gradients, DDP's all-reduce as far as it is not overlapped); optimizer: the dense
-        optimizer step; check_inputs: the host-side input checks; data: producing batches
+        optimizer step; cache_wait (cached tables): what a step waited for its rows' prefetch;
+        check_inputs: the host-side input checks; data: producing batches
         (synthetic generation or file reading; pipelined, on the loader thread) and data_wait
         what the step waited for it. samples/s excludes data and data_wait.
         """
@@ -276,6 +277,8 @@ class Trainer:
             "data": t.get("data", 0.0),
             "data_wait": t.get("data_wait", 0.0),
         }
+        if "cache_wait" in t:  # cached tables, pipelined: what a step still waited for its rows
+            out["cache_wait"] = t["cache_wait"]
         # communication the step waited for: the input dist (pipelined: its start and the wait
         # for its ids), the output dist and the embedding exchanges of the backward
         out["exposed_comm"] = out["input_dist"] + out["pipeline_wait"] + out["output_dist"] + comm_bwd
