@@ -79,8 +79,8 @@ def _ranks(comm, factor, optimizer, overrides, storage_dir):
 
 @pytest.mark.parametrize("optimizer,overrides,ssd", [
     ("rowwise_adagrad", {"big": "row_wise", "mid": "column_wise"}, False),  # RW + CW + TW
-    pytest.param("adam", {"big": "column_wise", "hot": "row_wise"}, True, marks=pytest.mark.slow),
-    pytest.param("sgd", {"mid": "row_wise"}, False, marks=pytest.mark.slow),
+    ("adam", {"big": "column_wise", "hot": "row_wise"}, True),  # ... on the SSD tier
+    ("sgd", {"mid": "row_wise", "big": "column_wise"}, False),
     pytest.param("adagrad", {"hot": "column_wise", "big": "row_wise"}, False, marks=pytest.mark.slow),
 ])
 def test_three_ranks_cached_equals_resident(tmp_path, optimizer, overrides, ssd):
@@ -223,3 +223,18 @@ def test_a_plans_cache_load_factors_cache_those_tables():
     cached = run_ranks(_plan_cached_ranks, 2, factors)[0]
     _assert_same(resident, cached)
     assert cached[3]["rows_evicted_per_step"] > 0
+
+
+def test_a_checkpoint_keeps_its_table_dtype_and_ignores_where_rows_lived(tmp_path):
+    root = str(tmp_path / "ck")
+    cfg = _cfg(steps=3, checkpoint_dir=root, eval_every=0)
+    fp16 = cfg.replace(storage=cfg.storage.replace(table_dtype="fp16"))
+    Trainer(fp16, progress=False).run()
+    more = fp16.replace(train=fp16.train.replace(steps=5))
+    tables = tuple(t.replace(cache_load_factor=0.05) if t.name == "big" else t for t in more.model.tables)
+    r = Trainer(more.replace(model=more.model.replace(tables=tables)), progress=False).run()  # cached now: resumes
+    assert len(r.losses) == 5 and r.cache
+    from neo_train.train.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="table_dtype: checkpoint 'fp16', this run 'fp32'"):
+        Trainer(cfg.replace(train=cfg.train.replace(steps=6)), progress=False).run()

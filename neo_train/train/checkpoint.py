@@ -394,11 +394,16 @@ def _local_tensors(trainer: "Trainer", view: _View, max_bytes: int) -> dict[str,
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint and a run must agree on (from ``Config.to_dict()``): the model and the
-    optimizer kinds, which fix every tensor's shape and meaning."""
+    optimizer kinds, which fix every tensor's shape and meaning, and the tables' precision (a
+    checkpoint keeps its dtype). Where rows live (cache load factors, storage tier) is free to
+    change between runs: a checkpoint holds every row, flushed from any cache."""
+    model = dict(config["model"])
+    model["tables"] = [{k: v for k, v in t.items() if k != "cache_load_factor"} for t in model["tables"]]
     return {
-        "model": config["model"],
+        "model": model,
         "sparse_optimizer": config["train"]["sparse_optimizer"],
         "dense_optimizer": config["train"]["dense_optimizer"],
+        "table_dtype": config.get("storage", {}).get("table_dtype", "fp32"),
     }
 
 
