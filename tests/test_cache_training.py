@@ -175,7 +175,6 @@ def test_checkpoints_of_cached_tables_resume_exactly_and_reshard(tmp_path):
             assert torch.equal(e["weight"], got[name]["weight"]), name
 
 
-@pytest.mark.slow
 def test_a_killed_rank_restarts_with_cached_tables_on_the_ssd_tier(tmp_path):
     """The elastic kill-a-rank test with every table cached on the SSD tier: the restarted job
     resumes from the checkpoint (which flushed the dirty rows) and matches the resident run."""
@@ -238,3 +237,20 @@ def test_a_checkpoint_keeps_its_table_dtype_and_ignores_where_rows_lived(tmp_pat
 
     with pytest.raises(CheckpointError, match="table_dtype: checkpoint 'fp16', this run 'fp32'"):
         Trainer(cfg.replace(train=cfg.train.replace(steps=6)), progress=False).run()
+
+
+def test_stochastic_rounding_reaches_the_triton_kernel():
+    from neo_train.config import StorageConfig
+    from neo_train.kernels import available_backends
+    from neo_train.kernels import SparseOptimizerSpec, TableSpec
+    from neo_train.modules.storage import create_table_kernel
+
+    if "triton" not in available_backends():
+        pytest.skip("triton does not run here")
+    storage = StorageConfig(table_dtype="bf16", stochastic_rounding=True)
+    k = create_table_kernel("triton", [TableSpec(50, 8)], SparseOptimizerSpec("sgd", lr=0.1), factors=[1.0],
+                            storage=storage, store_name="x", feature_table_map=[0], feature_names=["f"], device="cpu")
+    assert k.stochastic_rounding and k.weight_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="kernel backend 'reference' rounds fp16/bf16 updates to nearest only"):
+        create_table_kernel("reference", [TableSpec(50, 8)], SparseOptimizerSpec("sgd"), factors=[1.0], storage=storage,
+                            store_name="x", feature_table_map=[0], feature_names=["f"], device="cpu")
