@@ -400,16 +400,26 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
 
     def _victims(self, c: _Slots, candidates: torch.Tensor, k: int) -> torch.Tensor | None:
         """The k slots to reuse among ``candidates`` (C,) bool, in eviction order, or None when
-        fewer than k: free slots first, then by policy (module docstring)."""
-        cand = candidates.nonzero().squeeze(1)  # ascending slot index: the last tie-break
-        if cand.numel() < k:
+        fewer than k: free slots first, then by policy (module docstring). One top-k over a
+        composite key (LRU: tick, slot; LFU: frequency, tick, slot: unique, so the choice is
+        deterministic) instead of sorting every candidate."""
+        if int(candidates.sum()) < k:
             return None
-        order = torch.argsort(c.tick[cand], stable=True)  # free slots carry tick -1
+        C = candidates.numel()
+        slot = torch.arange(C, device=candidates.device)
+        key = (c.tick + 1) * C + slot  # free slots carry tick -1: first
         if c.freq is not None:
-            rows = c.slot_row[cand[order]]
-            freq = torch.where(rows >= 0, c.freq[rows.clamp(min=0)], -1)  # free slots first
-            order = order[torch.argsort(freq, stable=True)]
-        return cand[order[:k]]
+            rows = c.slot_row
+            freq = torch.where(rows >= 0, c.freq[rows.clamp(min=0)], -1) + 1  # free slots first
+            span = (self._tick + 2) * C
+            if (int(freq.max()) + 1) * span >= 2**62:  # the composite key would overflow: sort
+                cand = candidates.nonzero().squeeze(1)
+                order = torch.argsort(key[cand], stable=True)
+                order = order[torch.argsort(freq[cand[order]], stable=True)]
+                return cand[order[:k]]
+            key = freq * span + key
+        key = key.masked_fill(~candidates, torch.iinfo(torch.int64).max)
+        return torch.topk(key, k, largest=False, sorted=True).indices
 
     def _evict(self, t: int, slots: torch.Tensor) -> None:
         """Empty slots (k,) of table t, writing dirty rows back first."""
