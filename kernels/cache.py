@@ -302,6 +302,7 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         self._tick = 0
         self._stats: dict[str, int | float] = {k: 0 for k in _STAT_KEYS} | {"fetch_s": 0.0}
         self._lock = threading.RLock()
+        self._memo: tuple | None = None  # the last prefetch's batch and its unique rows per table
 
     def _new_slots(self, rows: int, c: int) -> _Slots:
         i64 = dict(dtype=torch.int64, device=self.device_)
@@ -324,8 +325,10 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         """
         start = time.perf_counter()
         spans = self._feature_spans(offsets)
-        batch = [self._table_ids(values, spans, t) for t in range(len(self.tables))]
-        uniques = [torch.unique(ids, return_counts=True) for ids in batch]
+        uniques = self._memo_uniques(values, offsets)
+        if uniques is None:
+            uniques = [torch.unique(self._table_ids(values, spans, t), return_counts=True) for t in range(len(self.tables))]
+        self._memo = None
         for t, (rows, _) in enumerate(uniques):  # check every table before changing any
             if rows.numel() > self.cache_rows[t]:
                 raise ValueError(self._too_small(t, rows.numel()))
@@ -366,17 +369,27 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         start = time.perf_counter()
         spans = self._feature_spans(offsets)
         self._tick += 1
+        uniques = [torch.unique(self._table_ids(values, spans, t), return_counts=True) for t in range(len(self.tables))]
+        # the batch's lookup comes next with the same tensors: it reuses these (see _memo_uniques)
+        self._memo = (values, values._version, offsets.clone(), uniques)
         with torch.no_grad():
-            for t in range(len(self.tables)):
-                ids = self._table_ids(values, spans, t)
-                if ids.numel() == 0:
+            for t, (rows, _) in enumerate(uniques):
+                if rows.numel() == 0:
                     continue
-                fetched = self._admit(t, torch.unique(ids), prefetch=True)
+                fetched = self._admit(t, rows, prefetch=True)
                 if fetched is None:
                     self._stats["prefetch_deferred"] += 1
                 else:
                     self._stats["prefetched_rows"] += fetched
         self._stats["fetch_s"] += time.perf_counter() - start
+
+    def _memo_uniques(self, values: torch.Tensor, offsets: torch.Tensor) -> list | None:
+        """The prefetch's per-table (unique rows, counts) when this lookup is of the very batch
+        it prefetched (the same ``values`` tensor, unmodified, and equal offsets), else None."""
+        memo = self._memo
+        if memo is None or memo[0] is not values or memo[1] != values._version or not torch.equal(memo[2], offsets):
+            return None
+        return memo[3]
 
     def _admit(self, t: int, rows: torch.Tensor, prefetch: bool) -> int | None:
         """Make unique rows (U,) of table t resident, pinned and touched; returns how many were
