@@ -17,9 +17,13 @@ CUDA-event timers and the copy-bandwidth probe) rather than copying it.
 
 2. Table-batched embeddings (TBE) on Model-A-shaped per-GPU work: embedding_gpu's modelA-tw128,
    one GPU's share of Model-A sharded table-wise over 128 GPUs: T = 8 tables, dims 192, 16, 192,
-   64, 192, 8, 8, 96, 1M rows each, looked up for the global batch B = 65,536, L = 15 power-law
-   ids per bag, sum pooling (--quick: 20k rows, B = 4096; CPU smoke: 5k rows, B = 256). Row-wise
-   AdaGrad (lr 0.01, eps 1e-8) fused into the backward:
+   64, 192, 8, 8, 96, 1M rows each, looked up for the global batch B = 65,536, L = 15 ids per
+   bag, sum pooling (--quick: 20k rows, B = 4096; CPU smoke: 5k rows, B = 256). Two id
+   distributions (--alpha): uniform (alpha 0), where the goals are read, and power law alpha 1.1.
+   The forward's byte count below charges one row read per id (FBGEMM's benchmarks count the
+   same way); with uniform ids over 1M rows that is the traffic, with power-law ids the hot rows
+   come from L2 and the "fraction of copy bandwidth" can pass 100 % (an effective rate, not a
+   bandwidth). Row-wise AdaGrad (lr 0.01, eps 1e-8) fused into the backward:
      triton         neo_train's TritonEmbeddingBag (``embedding_gpu.triton_impl``; CPU smoke: the
                     reference backend)
      per-table      nn.EmbeddingBag(sparse=True) per table + torch.optim.Adagrad on the sparse
@@ -252,8 +256,9 @@ def fused_impl(w: eg.Workload, device: torch.device) -> eg.Impl:
 
 
 # ---- part 2: TBE -------------------------------------------------------------------------------
-def tbe_part(w: eg.Workload, args: argparse.Namespace, device: torch.device, copy_gbs: float) -> dict[str, Any]:
-    batches = [eg.make_batch(w, seed, args.alpha, device) for seed in range(2)]
+def tbe_part(w: eg.Workload, args: argparse.Namespace, device: torch.device, copy_gbs: float,
+             alpha: float) -> dict[str, Any]:  # fmt: skip
+    batches = [eg.make_batch(w, seed, alpha, device) for seed in range(2)]
     makers = [
         ("fused", lambda: fused_impl(w, device)),
         ("per_table", lambda: eg.baseline_impl(w, KIND)),
@@ -291,7 +296,8 @@ def tbe_part(w: eg.Workload, args: argparse.Namespace, device: torch.device, cop
     }
     bad = {k: v for k, v in checks.items() if not v < 1e-4}
     assert not bad, f"the TBE implementations disagree (max abs diff): {bad}"
-    return {"workload": dataclasses.asdict(w), "unique_rows": batches[0].unique_rows, "rows": rows, "checks": checks}
+    return {"workload": dataclasses.asdict(w), "alpha": alpha, "unique_rows": batches[0].unique_rows, "rows": rows,
+            "checks": checks}  # fmt: skip
 
 
 # ---- part 3: training --------------------------------------------------------------------------
@@ -549,7 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--png", default=None, help="write the two charts here")
     p.add_argument("--rows", type=int, default=None, help="TBE rows per table (default 1M; --quick 20k)")
     p.add_argument("--batch", type=int, default=None, help="TBE batch B (default 65,536; --quick 4096)")
-    p.add_argument("--alpha", type=float, default=1.1, help="power-law exponent of the TBE ids")
+    p.add_argument("--alpha", default="0,1.1",
+                   help="power-law exponents of the TBE ids, comma-separated; the first is the one the goals "
+                        "are read at (0: uniform ids, where one row read per id is the real traffic)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=None, help="timed TBE calls (default 20; --quick 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed TBE calls first (the first compiles)")
     p.add_argument("--train-preset", default="criteo_kaggle")
@@ -595,7 +603,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         w = dataclasses.replace(w, batch=args.batch)
     print(f"# 2. TBE {w.name}: T={len(w.dims)} dims={list(w.dims)} B={w.batch} L={w.pooling} rows={w.rows}, {KIND}",
           flush=True)  # fmt: skip
-    tbe = tbe_part(w, args, device, copy_gbs)
+    alphas = [float(a) for a in str(args.alpha).split(",") if a.strip()]
+    tbe_runs = []
+    for alpha in alphas:
+        print(f"  ids: {'uniform' if alpha == 0 else f'power law, alpha {alpha}'}", flush=True)
+        tbe_runs.append(tbe_part(w, args, device, copy_gbs, alpha))
+    tbe = tbe_runs[0]
 
     print(f"# 3. training {args.train_preset} x{args.train_row_scale} rows", flush=True)
     training = training_part(args, device)
@@ -604,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_goals(goals, smoke)
     report = {
         "suite": "gpu_suite", "smoke": smoke, "device": str(device), "machine": info, "argv": sys.argv,
-        "args": vars(args), "goals_targets": GOALS, "copy_gbs": copy_gbs, "tbe": tbe, "training": training,
+        "args": vars(args), "goals_targets": GOALS, "copy_gbs": copy_gbs, "tbe": tbe, "tbe_runs": tbe_runs,
+        "training": training,
         "goals": goals, "all_goals_pass": None if smoke else all(g["pass"] for g in goals),
     }  # fmt: skip
     if args.json:

@@ -38,7 +38,7 @@ BackendFactory = Callable[..., FusedEmbeddingBag]
 _PRIORITY_CUDA: tuple[str, ...] = ("triton", "fbgemm", "reference")
 _PRIORITY_CPU: tuple[str, ...] = ("fbgemm", "reference")
 
-TRITON_GPU_VERIFIED: dict[str, str] | None = None
+TRITON_GPU_VERIFIED: dict[str, str] | None = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-22"}
 """Where and when the GPU tier last passed with the triton backend, e.g. {"gpu": "H100 80GB HBM3",
 "date": "2026-11-22"}; None: never, so ``auto`` on CUDA does not pick triton (it still runs when
 named). Set it in the commit that records a passing ``pytest -m gpu`` run on a real GPU."""

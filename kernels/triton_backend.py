@@ -126,9 +126,24 @@ class TritonEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
             size = n_elems if len(shape) == 2 else n_rows
             self.register_buffer(f"state_{name}", torch.zeros(size, dtype=torch.float32, device=self.device_))
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=self.device_))
+        # the step's host copy: reading the buffer every backward would be a host sync per step
+        self._host_step = 0
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._resync_host_step())
         self._fwd_work: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per batch size
         for t, spec in enumerate(self.tables):  # kernels/init.py: the same start on every backend
             self.set_table(t, init_table(seed, t, spec.rows, spec.dim))
+
+    # ---- step counter (host copy of the ``step`` buffer) ----------------------------------------
+    def _resync_host_step(self) -> None:
+        self._host_step = int(self.step)
+
+    @property
+    def optimizer_step(self) -> int:
+        return self._host_step
+
+    def set_optimizer_step(self, step: int) -> None:
+        self.step.fill_(int(step))
+        self._host_step = int(step)
 
     # ---- layout -----------------------------------------------------------------------------
     def _build_layout(self, fwd: Any, bwd: Any) -> None:
@@ -199,6 +214,7 @@ class TritonEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
         """grad_out (B, total_dim): sum each touched row's gradient, apply the optimizer in place."""
         _, bwd = _kernels()
         self.step += 1  # Adam's t counts backward calls, touched rows or not
+        self._host_step += 1
         if values.numel() == 0:
             return
         B = (offsets.numel() - 1) // self.num_features
@@ -211,7 +227,7 @@ class TritonEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
         spec = self.optimizer_spec
         slots = _STATE_SLOTS[spec.kind]
         state = tuple(getattr(self, f"state_{slots[i]}") if i < len(slots) else None for i in range(2))
-        step = int(self.step)
+        step = self._host_step
         bwd.fused_update(
             grad_out, segments, B, self._feat_col, self._col_values,
             self.weights, state, self._tab_meta, self._tab_class,

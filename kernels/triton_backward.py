@@ -167,24 +167,38 @@ def _update_chunk(
     row0 = tl.multiple_of(base + c0, ALIGN)
     offs = row0[:, None] + cols[None, :]  # (ROWS, COLS) element index
     ok = row_ok[:, None] & ((c0 + cols) < S)[None, :]  # padding columns have g = 0: left as they are
+    # Every load of this chunk comes before the barrier, every store after it. A value held by
+    # several threads (a (ROWS,) row state, a tile narrower than the program's threads) is loaded
+    # by each of them and stored by one: without the barrier a slower warp could load what a
+    # faster one already stored and update the row twice (seen on an H100: hot rows moved by
+    # lr/sqrt(2m) instead of lr/sqrt(m) in some column chunks).
     w = tl.load(weights_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if OPT == 1:
+        s_old = tl.load(st1_ptr + offs, mask=ok, other=0.0)
+    elif OPT == 2:
+        if SUMSQ_HERE:
+            m_old = tl.load(st1_ptr + key, mask=row_ok, other=0.0)
+    elif OPT == 3:
+        m1_old = tl.load(st1_ptr + offs, mask=ok, other=0.0)
+        m2_old = tl.load(st2_ptr + offs, mask=ok, other=0.0)
+    tl.debug_barrier()
     if HAS_WD:
         g = g + wd * w
     if OPT == 0:  # sgd
         w = w - lr * g
     elif OPT == 1:  # adagrad
-        s = tl.load(st1_ptr + offs, mask=ok, other=0.0) + g * g
+        s = s_old + g * g
         tl.store(st1_ptr + offs, s, mask=ok)
         w = w - lr * g / (tl.sqrt_rn(s) + eps)
     elif OPT == 2:  # rowwise_adagrad
         if SUMSQ_HERE:  # the whole row is this chunk
-            m = tl.load(st1_ptr + key, mask=row_ok, other=0.0) + tl.sum(g * g, axis=1) / D.to(tl.float32)
+            m = m_old + tl.sum(g * g, axis=1) / D.to(tl.float32)
             tl.store(st1_ptr + key, m, mask=row_ok)
             scale = lr / (tl.sqrt_rn(m) + eps)
         w = w - g * scale[:, None]
     else:  # adam
-        m1 = b1 * tl.load(st1_ptr + offs, mask=ok, other=0.0) + omb1 * g
-        m2 = b2 * tl.load(st2_ptr + offs, mask=ok, other=0.0) + omb2 * g * g
+        m1 = b1 * m1_old + omb1 * g
+        m2 = b2 * m2_old + omb2 * g * g
         tl.store(st1_ptr + offs, m1, mask=ok)
         tl.store(st2_ptr + offs, m2, mask=ok)
         w = w - lr * (m1 / bc1) / (tl.sqrt_rn(m2 / bc2) + eps)
@@ -228,6 +242,7 @@ def _update_rows(
         scale = tl.zeros((ROWS,), dtype=tl.float32)
         if OPT == 2:  # rowwise_adagrad: a first pass for mean(g*g) over the whole row
             cols = tl.arange(0, COLS)
+            m_old = tl.load(st1_ptr + key, mask=row_ok, other=0.0)
             sumsq = tl.zeros((ROWS,), dtype=tl.float32)
             for c0 in range(0, D, COLS):
                 g = _row_grad(c0, sb, cnt, max_cnt, D, bag_ptr, psw_ptr, feat_col_ptr, grad_ptr, grad_stride, B,
@@ -237,7 +252,8 @@ def _update_rows(
                     w = tl.load(weights_ptr + base[:, None] + c0 + cols[None, :], mask=w_ok, other=0.0)
                     g = g + wd * w.to(tl.float32)
                 sumsq += tl.sum(g * g, axis=1)
-            m = tl.load(st1_ptr + key, mask=row_ok, other=0.0) + sumsq / D.to(tl.float32)
+            m = m_old + sumsq / D.to(tl.float32)
+            tl.debug_barrier()  # every thread has read m_old (see _update_chunk)
             tl.store(st1_ptr + key, m, mask=row_ok)
             scale = lr / (tl.sqrt_rn(m) + eps)
         for c0 in range(0, D, COLS):
@@ -354,6 +370,18 @@ class Segments:
     chunk: int = 0  # contributions per partial
 
 
+def _scatter_firsts(flag: torch.Tensor, rank: torch.Tensor, size: int, fill: int) -> torch.Tensor:
+    """(size,) int64: out[rank[i] - 1] = i for every i with flag[i] (rank = cumsum(flag)), ``fill``
+    elsewhere. Like ``nonzero`` but sized by the caller, so nothing waits for the GPU; one
+    scatter with distinct targets (unflagged entries land in a scratch half), so no write races."""
+    n = flag.numel()
+    idx = torch.arange(n, device=flag.device)
+    buf = torch.empty(size + n, dtype=torch.int64, device=flag.device)
+    buf[:size].fill_(fill)
+    buf.index_put_((torch.where(flag, rank - 1, idx + size),), idx)
+    return buf[:size]
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
@@ -373,8 +401,12 @@ def plan_segments(
 ) -> Segments:
     """Group a feature-major batch's ids by global row. feat_row_base (F,) int64 first global row
     of each feature's table; tab_row_base (T+1,) int64 table row ranges; tab_dim (T,) int64.
-    Host syncs: the unique count, one small stats read, and two more when there are hot rows."""
+
+    One host sync: a single read of (U, each table's first unique row, the largest count, the
+    number of hot rows), all computed over the sorted ids before any tensor of size U exists;
+    the rest is sized from it (``_scatter_firsts``) or bounded (the hot partial list, below)."""
     F, N = feat_row_base.numel(), values.numel()
+    T = tab_dim.numel()
     dev = values.device
     lengths = offsets[1:] - offsets[:-1]  # (F*B,)
     bag = torch.repeat_interleave(torch.arange(F * B, dtype=torch.int32, device=dev), lengths, output_size=N)
@@ -382,29 +414,50 @@ def plan_segments(
     if total_rows < 2**31:
         keys = keys.to(torch.int32)  # half the sort's key bytes
     sorted_keys, order = torch.sort(keys, stable=True)  # stable: a fixed summation order per row
-    uniq, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
-    seg = torch.zeros(uniq.numel() + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(counts, 0, out=seg[1:])
-    tab_u = torch.searchsorted(uniq, tab_row_base.to(uniq.dtype))
-    stats = torch.cat([tab_u, counts.max().view(1)]).tolist()
+    if N == 0:
+        z = torch.zeros(T + 1, dtype=torch.int64, device=dev)
+        return Segments(sorted_keys, z[:1], bag, psw, z, [0] * (T + 1))
+    new = torch.ones(N, dtype=torch.bool, device=dev)  # first id of its row's run
+    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
+    run_of = torch.cumsum(new, 0)  # 1-based run (unique row) of each sorted id
+    # starts[r] = first sorted position of run r; N for r >= U (so starts[U] closes the last run)
+    starts = _scatter_firsts(new, run_of, N + 1, N)
+    counts_all = starts[1:] - starts[:-1]  # (N,) each run's count; 0 past U
+    # table t's first unique row = the number of runs before its first sorted id
+    first_pos = torch.searchsorted(sorted_keys, tab_row_base.to(sorted_keys.dtype))
+    tab_u = torch.where(first_pos > 0, run_of.index_select(0, (first_pos - 1).clamp(min=0)), 0)
+    stats = torch.cat([run_of[-1:], tab_u, counts_all.max().view(1), (counts_all > hot_threshold).sum().view(1)])
+    stats = stats.tolist()  # the one host sync
+    U, tab_u_host, max_count, H = stats[0], stats[1 : T + 2], stats[T + 2], stats[T + 3]
+    seg = starts[: U + 1]
+    counts = counts_all[:U]
+    uniq = sorted_keys.index_select(0, seg[:-1])
     s = Segments(uniq, seg, bag.index_select(0, order), None if psw is None else psw.index_select(0, order),
-                 tab_u, stats[:-1])  # fmt: skip
-    if stats[-1] > hot_threshold:
-        hot = torch.nonzero(counts > hot_threshold).squeeze(1)
+                 tab_u, tab_u_host)  # fmt: skip
+    if H:
+        hot_flag = counts > hot_threshold
+        hot = _scatter_firsts(hot_flag, torch.cumsum(hot_flag, 0), H, 0)
         hot_counts = counts.index_select(0, hot)
         # ~sqrt(count) partials of ~sqrt(count) ids: neither launch waits long on the hottest row.
-        s.chunk = max(hot_chunk, _next_pow2(math.isqrt(4 * stats[-1])))
+        s.chunk = max(hot_chunk, _next_pow2(math.isqrt(4 * max_count)))
         n_chunks = (hot_counts + s.chunk - 1) // s.chunk
-        per_row = torch.zeros(uniq.numel(), dtype=torch.int64, device=dev)
+        per_row = torch.zeros(U, dtype=torch.int64, device=dev)
         per_row[hot] = n_chunks
-        s.part_index = torch.zeros(uniq.numel() + 1, dtype=torch.int64, device=dev)
+        s.part_index = torch.zeros(U + 1, dtype=torch.int64, device=dev)
         torch.cumsum(per_row, 0, out=s.part_index[1:])
-        P = int(s.part_index[-1])
-        s.chunk_u = torch.repeat_interleave(hot, n_chunks, output_size=P)
-        s.chunk_j0 = (torch.arange(P, device=dev) - s.part_index.index_select(0, s.chunk_u)) * s.chunk
+        # The partial count P = sum ceil(count / chunk) is not read back: it is at most
+        # N // chunk + H, and the partials past P get dim 0 (their programs do nothing).
+        P_max = N // s.chunk + H
+        hot_end = torch.cumsum(n_chunks, 0)  # (H,) one past each hot row's last partial
+        p = torch.arange(P_max, device=dev)
+        k = torch.searchsorted(hot_end, p, right=True)  # hot row of partial p; H past the end
+        valid = k < H
+        k = k.clamp(max=H - 1)
+        s.chunk_u = hot.index_select(0, k)
+        s.chunk_j0 = (p - (hot_end - n_chunks).index_select(0, k)) * s.chunk
         s.hot_rows = hot
         s.hot_tab = torch.searchsorted(tab_u, hot, right=True) - 1
-        s.chunk_dim = tab_dim.index_select(0, s.hot_tab).repeat_interleave(n_chunks, output_size=P)
+        s.chunk_dim = torch.where(valid, tab_dim.index_select(0, s.hot_tab.index_select(0, k)), 0)
     return s
 
 

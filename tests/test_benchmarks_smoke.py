@@ -47,6 +47,9 @@ def test_gpu_suite_smoke_on_cpu(tmp_path: Path) -> None:
     assert {"suite", "machine", "args", "copy_gbs", "tbe", "training", "goals"} <= set(report)
     assert report["copy_gbs"] > 0
     tbe = report["tbe"]
+    # the goals are read at uniform ids; the power-law run is reported beside them
+    assert [t["alpha"] for t in report["tbe_runs"]] == [0.0, 1.1] and report["tbe_runs"][0] == tbe
+    assert all(v < 1e-4 for t in report["tbe_runs"] for v in t["checks"].values())
     assert [r["key"] for r in tbe["rows"]] == ["fused", "per_table", "batched"]
     for r in tbe["rows"]:
         assert r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["bwd_bytes"] > 0 and r["fwd_frac"] > 0

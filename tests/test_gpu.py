@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 import zlib
 from collections import Counter
@@ -523,11 +524,27 @@ def test_steady_state_host_syncs(strict_fp32, monkeypatch: pytest.MonkeyPatch) -
         explicit.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno} (torch.cuda.synchronize)")
         device_sync(*args, **kwargs)
 
+    implicit: list[str] = []
+    repo = str(HERE.parent)
+
+    def record_sync(message: Any, category: Any, filename: str, lineno: int, *args: Any, **kwargs: Any) -> None:
+        """A sync warning: its torch site and the innermost frame of this repository that led to it."""
+        if "synchroniz" not in str(message).lower():
+            return
+        ours = [f for f in traceback.extract_stack()[:-1]
+                if ("neo_train" in f.filename or f.filename.startswith(repo)) and "site-packages" not in f.filename
+                and not f.filename.endswith("test_gpu.py")]  # fmt: skip
+        stack = traceback.extract_stack()[:-1]
+        where = ours[-1:] or stack[-3:]  # no frame of ours: the innermost frames, whatever they are
+        via = " > ".join(f"{Path(f.filename).name}:{f.lineno}" for f in where) + " -> "
+        implicit.append(f"{via}{Path(filename).name}:{lineno}")
+
     try:
         _steps(trainer, warmup)
         torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught, monkeypatch.context() as mp:
+        with warnings.catch_warnings(), monkeypatch.context() as mp:
             warnings.simplefilter("always")
+            mp.setattr(warnings, "showwarning", record_sync)
             mp.setattr(torch.cuda, "synchronize", counted_sync)
             torch.cuda.set_sync_debug_mode("warn")
             try:
@@ -538,7 +555,6 @@ def test_steady_state_host_syncs(strict_fp32, monkeypatch: pytest.MonkeyPatch) -
     finally:
         _close_steps(trainer)
     assert len(losses) == n and all(v == v for v in losses)
-    implicit = [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()]
     sites = Counter(implicit + explicit)
     per_step = (len(implicit) + len(explicit)) / n
     assert per_step <= SYNCS_PER_STEP, (

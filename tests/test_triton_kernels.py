@@ -356,3 +356,50 @@ def test_availability_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     code = "import sys, neo_train.kernels; assert 'triton' not in sys.modules, 'triton imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_plan_segments_matches_a_plain_grouping(seed: int) -> None:
+    """plan_segments (one host read, sizes from nonzero_static, a bounded partial list) against
+    the obvious construction (torch.unique_consecutive): rows, runs, table ranges, hot rows, and
+    the partial list (its real entries cover each hot row's ids once, in order; the padding
+    entries past P have dim 0). Skewed ids: some rows take hundreds of ids; one table unused."""
+    from neo_train.kernels.triton_backward import plan_segments
+
+    gen = torch.Generator().manual_seed(seed)
+    rows, dims, ftm = [5, 300, 7, 1000], [4, 8, 3, 16], [0, 1, 1, 3]  # table 2 has no feature
+    B, F = 37, len(ftm)
+    lengths = torch.randint(0, 30, (F * B,), generator=gen)
+    lengths[torch.rand(F * B, generator=gen) < 0.2] = 0
+    feat = torch.arange(F).repeat_interleave(lengths.view(F, B).sum(1))
+    u = torch.rand(feat.numel(), generator=gen, dtype=torch.float64)
+    values = (u**4 * torch.tensor(rows)[torch.tensor(ftm)][feat]).long()
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    tab_row_base = torch.tensor([0, *torch.tensor(rows).cumsum(0).tolist()])
+    feat_row_base = tab_row_base[torch.tensor(ftm)]
+    thr, chunk = 20, 4
+    s = plan_segments(values, offsets, None, B, feat_row_base, tab_row_base, torch.tensor(dims), sum(rows), thr, chunk)
+    keys = values + feat_row_base[feat]
+    sk, order = torch.sort(keys, stable=True)
+    uniq, counts = torch.unique_consecutive(sk, return_counts=True)
+    assert torch.equal(s.uniq.long(), uniq) and torch.equal(s.seg, torch.cat([torch.zeros(1), counts.cumsum(0)]).long())
+    tab_u = torch.searchsorted(uniq, tab_row_base)
+    assert torch.equal(s.tab_u, tab_u) and s.tab_u_host == tab_u.tolist()
+    bag = torch.arange(F * B).repeat_interleave(lengths)
+    assert torch.equal(s.bag.long(), bag[order])
+    hot = torch.nonzero(counts > thr).squeeze(1)
+    assert hot.numel() > 0 and torch.equal(s.hot_rows, hot)
+    assert torch.equal(s.hot_tab, torch.searchsorted(tab_u, hot, right=True) - 1)
+    n_chunks = (counts[hot] + s.chunk - 1) // s.chunk
+    assert torch.equal(s.part_index[1:] - s.part_index[:-1], torch.zeros_like(counts).index_put((hot,), n_chunks))
+    P = int(n_chunks.sum())
+    real = s.chunk_dim > 0
+    assert int(real.sum()) == P and bool(real[:P].all()) and s.chunk_u.numel() >= P
+    want_u = hot.repeat_interleave(n_chunks)
+    want_j0 = torch.cat([torch.arange(int(n)) * s.chunk for n in n_chunks])
+    assert torch.equal(s.chunk_u[:P], want_u) and torch.equal(s.chunk_j0[:P], want_j0)
+    assert torch.equal(s.chunk_dim[:P], torch.tensor(dims)[s.hot_tab.repeat_interleave(n_chunks)])
+    # no ids: nothing to update
+    empty = plan_segments(values[:0], torch.zeros(F * B + 1, dtype=torch.int64), None, B, feat_row_base,
+                          tab_row_base, torch.tensor(dims), sum(rows), thr, chunk)  # fmt: skip
+    assert empty.uniq.numel() == 0 and empty.tab_u_host == [0] * (len(rows) + 1)

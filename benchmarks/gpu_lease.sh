@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (the device tool): the GPU test tier, then the GPU suite.
+# Logs and reports land under $OUT (the tool brings them back). Not used by CI.
+#   bash benchmarks/gpu_lease.sh tier|suite|all     env: N (xdist workers), TIER_S, SUITE_S,
+#                                                   TESTS (pytest args), SUITE_ARGS
+set -u
+# neo_train without installing it (setup.py maps the top-level kernels/ to neo_train.kernels)
+SHIM=/tmp/neo_train_shim
+rm -rf "$SHIM" && mkdir -p "$SHIM" && cp -r neo_train "$SHIM/" && ln -s "$PWD/kernels" "$SHIM/neo_train/kernels"
+# PYTHONSAFEPATH: no cwd (whose neo_train/ lacks kernels) ahead of the shim, in subprocesses too
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONPATH="$SHIM:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+# wheels carried in .whl/ (carry: [".whl"]): the runtime needs the device image lacks (tomli-w)
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+what=${1:-all}
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  $PY -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name())"
+} 2>&1 | tee "$OUT/env.txt"
+if [[ $what == tier || $what == all ]]; then
+  timeout "${TIER_S:-330}" $PY -m pytest -m gpu -q -rfEs --durations=12 -p no:cacheprovider \
+    -n "${N:-6}" ${TESTS:-tests} > "$OUT/tier.log" 2>&1
+  echo "tier rc=$?" >> "$OUT/tier.log"
+  grep -E "passed|failed|error|rc=" "$OUT/tier.log" | tail -3
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tier.log" | cut -c1-400
+fi
+if [[ $what == suite || $what == all ]]; then
+  timeout "${SUITE_S:-240}" $PY benchmarks/gpu_suite.py ${SUITE_ARGS:-} --json "$OUT/gpu_suite.json" \
+    --png "$OUT/gpu_suite.png" > "$OUT/suite.log" 2>&1
+  echo "suite rc=$?" >> "$OUT/suite.log"
+  tail -45 "$OUT/suite.log"
+fi
+if [[ $what == diag ]]; then
+  timeout "${DIAG_S:-300}" $PY benchmarks/gpu_diag.py 2>&1 | tee "$OUT/diag.log"
+fi
