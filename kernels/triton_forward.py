@@ -205,11 +205,13 @@ def work_list(
     so nothing here waits for the GPU). Returns (group, first item) per program, int32."""
     dev = starts.device
     counts = (n_items + per_program - 1) // per_program
-    group = torch.repeat_interleave(torch.arange(counts.numel(), device=dev), counts, output_size=total)
-    first = torch.cumsum(counts, 0) - counts
-    start = starts.index_select(0, group) + (torch.arange(total, device=dev) - first.index_select(0, group)) * (
-        per_program.index_select(0, group)
-    )
+    ends = torch.cumsum(counts, 0)
+    program = torch.arange(total, device=dev)
+    # searchsorted, not repeat_interleave: the latter gives each group one CUDA warp, slow for a
+    # few groups of many programs
+    group = torch.searchsorted(ends, program, right=True)
+    first = ends - counts
+    start = starts.index_select(0, group) + (program - first.index_select(0, group)) * per_program.index_select(0, group)
     return group.to(torch.int32), start.to(torch.int32)
 
 

@@ -52,6 +52,9 @@ class TrainResult:
     step_ms: dict[str, float] = field(default_factory=dict)
     cache: dict[str, float] = field(default_factory=dict)  # cached tables: per-step means over the run, all ranks
     cache_history: list[dict[str, float]] = field(default_factory=list)  # per logging interval, rank 0
+    # bytes this rank (rank 0 writes the file) sent per training step, by collective tag; the
+    # evaluations' collectives are left out
+    comm_bytes_per_step: dict[str, float] = field(default_factory=dict)
     error: str = ""  # set when the run failed: what it trained is still recorded above
     notes: list[str] = field(default_factory=list)  # e.g. the data ended before train.steps
 
@@ -164,6 +167,8 @@ class Trainer:
         self._eval_data = eval_data
         self.progress = progress and self.rank == 0
         self.writer = None
+        self._eval_bytes: dict[str, int] = {}  # bytes sent by evaluations, by tag
+        self._start_step = 0  # the step this run started (resumed) at
         self._log_dir = log_dir if self.rank == 0 else None
 
     @property
@@ -244,6 +249,16 @@ class Trainer:
     def _where(self) -> str:
         return f" on rank {self.rank}" if self.comm is not None else ""
 
+    def comm_bytes_per_step(self, steps: int) -> dict[str, float]:
+        """Bytes this rank sent per training step by collective tag (``input_dist``,
+        ``output_dist``, ``output_dist_bwd``, ``dense_allreduce``, ...), over ``steps`` steps;
+        collectives of evaluations are excluded (``_eval_bytes``). Empty without a communicator."""
+        counted = getattr(self.comm, "bytes_by_tag", None)
+        if not counted or steps <= 0:
+            return {}
+        out = {tag: (n - self._eval_bytes.get(tag, 0)) / steps for tag, n in sorted(counted.items())}
+        return {tag: v for tag, v in out.items() if v > 0}
+
     def step_breakdown(self, steps: int) -> dict[str, float]:
         """Mean milliseconds per step by phase, from the timer's totals over ``steps`` steps.
 
@@ -315,13 +330,14 @@ class Trainer:
             return self._run(self.result)
         except BaseException as e:
             self.result.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            self.result.comm_bytes_per_step = self.comm_bytes_per_step(len(self.result.losses) - self._start_step)
             if self.writer is not None:
                 self.writer.close()
             raise
 
     def _run(self, result: TrainResult) -> TrainResult:
         t = self.cfg.train
-        start = self._resume(result)
+        start = self._start_step = self._resume(result)
         if self._log_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -417,6 +433,7 @@ class Trainer:
         done = end - start
         result.samples_per_s = done * t.batch_size * self.world_size / train_time if train_time > 0 else 0.0
         result.step_ms = self.step_breakdown(done)
+        result.comm_bytes_per_step = self.comm_bytes_per_step(done)
         result.cache = self._cache_summary(done)
         result.eval = self._record_eval(result, end)
         if self.writer is not None:
@@ -550,8 +567,8 @@ class Trainer:
         for k, v in self.step_breakdown(step).items():
             self.writer.add_scalar(f"step_ms/{k}", v, step)
         if self.comm is not None:
-            for tag, n in self.comm.bytes_by_tag.items():
-                self.writer.add_scalar(f"comm_bytes_per_step/{tag}", n / max(1, step), step)
+            for tag, n in self.comm_bytes_per_step(step - self._start_step).items():
+                self.writer.add_scalar(f"comm_bytes_per_step/{tag}", n, step)
 
     def global_max(self, value: float) -> float:
         if self.comm is None:
@@ -560,7 +577,11 @@ class Trainer:
         return float(self.comm.all_reduce(t, op="max", tag="metrics")[0])
 
     def _record_eval(self, result: TrainResult, step: int) -> dict[str, float]:
+        counted = getattr(self.comm, "bytes_by_tag", None)
+        before = dict(counted or {})
         m = self.evaluate()
+        for tag, n in (counted or {}).items():  # an evaluation's bytes are not a training step's
+            self._eval_bytes[tag] = self._eval_bytes.get(tag, 0) + n - before.get(tag, 0)
         if not m:
             note = "no evaluation: no held-out data (give data.eval_path, or data.holdout_every >= 2 with enough data)"
             if note not in result.notes:
