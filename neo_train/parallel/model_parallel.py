@@ -54,6 +54,7 @@ class DistributedModelParallel(nn.Module):
         device: torch.device | str = "cpu",
         backend: str | None = None,
         timer=None,
+        hot_rows: dict[str, int] | None = None,
     ) -> None:
         super().__init__()
         from ..train.trainer import sparse_optimizer_spec
@@ -73,6 +74,7 @@ class DistributedModelParallel(nn.Module):
             id_mode=cfg.data.id_mode,
             timer=timer,
             storage=cfg.storage,
+            hot_rows=hot_rows,
         )
         self.module = DLRM(cfg.model, ebc, ebc.feature_dims).to(device)
         self.embeddings = ebc

@@ -17,7 +17,9 @@ with local batch b matches unsharded training on the concatenated W*b batch.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,20 +28,23 @@ from torch import nn
 
 from ..comm import Communicator, make_codec
 from ..comm.awaitable import LazyTensor, Pending
-from ..config import ModelConfig, StorageConfig
+from ..config import ModelConfig, StorageConfig, TableConfig
 from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
 from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
 from .common import EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
 from .data_parallel import DataParallelSharding
-from .plan import ShardingPlan, ShardingType
+from .plan import Shard, ShardingPlan, ShardingType, TablePlan
 from .row_wise import RowWiseSharding
 from .table_column_wise import TableColumnWiseSharding
 from .table_row_wise import TableRowWiseSharding
 from .table_wise import TableWiseSharding
 
-__all__ = ["ShardedEmbeddingBagCollection", "DistributedSparse", "SHARDING_CLASSES", "config_hash"]
+__all__ = ["ShardedEmbeddingBagCollection", "DistributedSparse", "SHARDING_CLASSES", "config_hash", "HOT_SUFFIX"]
+
+HOT_SUFFIX = "#hot"  # the replicated hot part of table t is the data-parallel table t#hot
+_HOT_TYPES = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 
 SHARDING_CLASSES: dict[ShardingType, type[EmbeddingSharding]] = {
     ShardingType.TABLE_WISE: TableWiseSharding,
@@ -57,6 +62,7 @@ class DistributedSparse:
 
     routed: list[Any]
     batch_size: int
+    hot_version: int = 0  # which hot-row sets split this batch's ids (ShardedEmbeddingBagCollection.set_hot_rows)
 
 
 def config_hash(model: ModelConfig, plan: ShardingPlan, extra: dict | None = None) -> str:
@@ -81,10 +87,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
         id_mode: str = "strict",
         timer=None,
         storage: StorageConfig | None = None,
+        hot_rows: dict[str, int] | None = None,
     ) -> None:
         super().__init__()
         L = local_world_size or plan.local_world_size
         plan.validate(model, comm.world_size, L)
+        hot_rows = {k: int(v) for k, v in (hot_rows or {}).items()}
+        _check_hot_rows(model, plan, hot_rows, storage)
         self.model_cfg, self.plan, self.comm = model, plan, comm
         self.id_mode = id_mode
         # False when the caller (the trainer) validates batches on the host before the device copy
@@ -98,13 +107,25 @@ class ShardedEmbeddingBagCollection(nn.Module):
             # batch's input dist in the background while this batch's collectives use `comm`
             self.ctx.input_comm = comm.subgroup(list(range(comm.world_size)), name="input_dist")  # type: ignore[attr-defined]
         self.check_peers(config_hash(model, plan, {"optimizer": repr(optimizer), "seed": seed, "codecs": [fwd_codec, bwd_codec],
-                                                   **({"table_dtype": storage.table_dtype} if storage else {})}))
+                                                   **({"table_dtype": storage.table_dtype} if storage else {}),
+                                                   **({"hot_rows": sorted(hot_rows.items())} if hot_rows else {})}))
         self.feature_names = model.feature_names
         feats_by_type: dict[ShardingType, list[GroupFeature]] = {}
         for ti, t in enumerate(model.tables):
             tp = plan[t.name]
             for fname in t.feature_names:
                 feats_by_type.setdefault(tp.sharding, []).append(GroupFeature(fname, ti, t, tp))
+        # hot-row replication: table t's k hot rows are also the data-parallel table t#hot
+        hot_tables = [t for t in model.tables if t.name in hot_rows]
+        W = comm.world_size
+        for j, t in enumerate(hot_tables):
+            k = hot_rows[t.name]
+            ht = TableConfig(t.name + HOT_SUFFIX, k, t.dim, t.pooling, feature_names=tuple(f + HOT_SUFFIX for f in t.feature_names))
+            htp = TablePlan(ht.name, ShardingType.DATA_PARALLEL, tuple(Shard(r, 0, k, 0, t.dim) for r in range(W)))
+            for fname in ht.feature_names:
+                feats_by_type.setdefault(ShardingType.DATA_PARALLEL, []).append(
+                    GroupFeature(fname, len(model.tables) + j, ht, htp)
+                )
         self.groups = nn.ModuleDict()
         order: list[str] = []
         for st in ShardingType:  # fixed order: every rank builds the groups (and their comms) alike
@@ -112,18 +133,37 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 self.groups[st.value] = SHARDING_CLASSES[st](self.ctx, feats_by_type[st])
                 order.extend(f.name for f in feats_by_type[st])
         dims = {f: t.dim for t in model.tables for f in t.feature_names}
+        dims.update({f + HOT_SUFFIX: t.dim for t in hot_tables for f in t.feature_names})
         offsets, off = {}, 0
         for f in order:
             offsets[f] = off
             off += dims[f]
         perm = [c for f in self.feature_names for c in range(offsets[f], offsets[f] + dims[f])]
         self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int64), persistent=False)
+        # a hot feature's pooled columns are added to its feature's columns of the output
+        out_col = dict(zip(self.feature_names, itertools.accumulate((dims[f] for f in self.feature_names), initial=0)))
+        hot_feats = [f for t in hot_tables for f in t.feature_names]
+        src = [c for f in hot_feats for c in range(offsets[f + HOT_SUFFIX], offsets[f + HOT_SUFFIX] + dims[f])]
+        dst = [c for f in hot_feats for c in range(out_col[f], out_col[f] + dims[f])]
+        self.register_buffer("_hot_src", torch.tensor(src, dtype=torch.int64), persistent=False)
+        self.register_buffer("_hot_dst", torch.tensor(dst, dtype=torch.int64), persistent=False)
+        self._hot_k = {t.name: hot_rows[t.name] for t in hot_tables}
+        self._hot_features = {f: t.name for t in hot_tables for f in t.feature_names}
+        self._hot_ids: dict[str, torch.Tensor] = {}  # routing: the hot set that splits new batches
+        self._hot_sorted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (sorted ids, their slots)
+        self._hot_version = 0
+        self._replica_ids: dict[str, torch.Tensor] = {}  # what the replicas hold now
+        self._replica_version = -1
+        self._pending_hot: dict[int, dict[str, torch.Tensor]] = {}
         self.feature_dims = tuple(dims[f] for f in self.feature_names)
         rows = {f: t.num_rows for t in model.tables for f in t.feature_names}
         self._rows = [rows[f] for f in self.feature_names]
         self.backend_name = next(
             (g.kernel.backend_name for g in self.groups.values() if getattr(g, "kernel", None) is not None), "none"
         )
+        if hot_tables:  # start with rows 0..k-1 hot; the caller's profile replaces them (set_hot_rows)
+            self.set_hot_rows({t.name: torch.arange(self._hot_k[t.name]) for t in hot_tables}, check=False)
+            self._sync_replicas(self._hot_version)
 
     def check_peers(self, digest: str) -> None:
         """Every rank must hold the same model, plan and optimizer: compare config hashes."""
@@ -152,14 +192,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
             sparse = self.validate(sparse)
         b = sparse.batch_size
         parts = sparse.by_feature()
+        if self._hot_k:
+            parts = self._split_hot(parts, b)
         sends = [g.input_sends(parts, b) for g in self.groups.values()]
         exchanged = [s for s in sends if s is not None]
         pending = exchange_ids(self.ctx.in_comm, exchanged, b) if exchanged else Pending.ready([])
 
+        version = self._hot_version
+
         def finish() -> DistributedSparse:
             routed = iter(pending.wait())
             return DistributedSparse(
-                [next(routed) if s is not None else g.local_input(parts, b) for g, s in zip(self.groups.values(), sends)], b
+                [next(routed) if s is not None else g.local_input(parts, b) for g, s in zip(self.groups.values(), sends)], b,
+                version,
             )
 
         return Pending(finish)
@@ -175,10 +220,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
         else:
             with self.ctx.phase("input_dist"):
                 dist = self.input_dist(sparse).wait()
+        if self._hot_k:
+            self._sync_replicas(dist.hot_version)
         pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
 
         def finish() -> torch.Tensor:
-            return torch.cat([p.wait() for p in pend], dim=1).index_select(1, self._perm)  # (b, sum D_f)
+            pooled = torch.cat([p.wait() for p in pend], dim=1)
+            out = pooled.index_select(1, self._perm)  # (b, sum D_f)
+            if self._hot_k:  # cold part (through its plan) + hot part (the local replica)
+                out = out.index_add(1, self._hot_dst, pooled.index_select(1, self._hot_src))
+            return out
 
         return LazyTensor(finish)
 
@@ -187,6 +238,164 @@ class ShardedEmbeddingBagCollection(nn.Module):
         train pipeline runs it on a worker thread while the previous batch's backward runs)."""
         for g, r in zip(self.groups.values(), dist.routed):
             g.prefetch(r)
+
+    # ---- hot-row replication (issue 13; notes/hot_rows.md) ------------------------------------
+    # Table t's k hot rows are replicated as the data-parallel table t#hot: each rank pools its
+    # hot ids locally and adds the result to the cold part's pooled rows, which travel through
+    # t's plan as before; the replicas' gradients are all-reduced and every replica applies the
+    # same fused update (data_parallel.py). The owner's copy of a hot row is stale while the row
+    # is hot: rows and optimizer state are written back when the hot set changes (and before an
+    # export), and the new hot rows are gathered from their owners.
+    @property
+    def hot_rows(self) -> dict[str, torch.Tensor]:
+        """{table: its hot ids (k,), in replica-slot order} of the set splitting new batches."""
+        return {t: ids.clone() for t, ids in self._hot_ids.items()}
+
+    def set_hot_rows(self, ids_by_table: dict[str, torch.Tensor], check: bool = True) -> None:
+        """Replace the hot sets (k distinct ids per table, k fixed at construction). Collective
+        when ``check``: every rank must pass the same sets (compared by hash). Batches whose input
+        dist starts after this call are split by the new sets; the replicas switch (write-back,
+        then gather from the owners: collectives) at the first such batch's forward, so a batch
+        already in flight (the train pipeline's next batch) is served by the sets it was split by."""
+        new = dict(self._hot_ids)
+        for t, ids in ids_by_table.items():
+            if t not in self._hot_k:
+                raise ValueError(f"set_hot_rows: table '{t}' has no hot-row replication (tables with it: {sorted(self._hot_k)})")
+            ids = torch.as_tensor(ids).to(torch.int64).flatten().cpu()
+            k, rows = self._hot_k[t], self.model_cfg.table(t).num_rows
+            if ids.numel() != k:
+                raise ValueError(f"set_hot_rows: table '{t}' replicates {k} rows, got {ids.numel()} ids")
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+                raise ValueError(f"set_hot_rows: table '{t}': hot ids must be in [0, {rows}), got {int(ids.min())}..{int(ids.max())}")
+            if torch.unique(ids).numel() != k:
+                raise ValueError(f"set_hot_rows: table '{t}': hot ids must be distinct")
+            new[t] = ids
+        if check:
+            digest = hashlib.sha256(b"".join(new[t].numpy().tobytes() for t in sorted(new))).hexdigest()[:16]
+            self._check_same("hot_rows_check", digest, "different hot-row sets")
+        self._hot_version += 1
+        self._hot_ids = new
+        dev = self.ctx.device
+        for t, ids in new.items():
+            sorted_ids, slots = torch.sort(ids)
+            self._hot_sorted[t] = (sorted_ids.to(dev), slots.to(dev))
+        self._pending_hot[self._hot_version] = new
+
+    def _split_hot(self, parts: dict, b: int) -> dict:
+        """Each hot table's features split into the cold ids (the feature itself) and the hot ids
+        as slots of the replica (feature#hot), bag by bag; per-id weights follow their ids."""
+        out = dict(parts)
+        for f, t in self._hot_features.items():
+            values, lengths, weights = parts[f]
+            sorted_ids, slots = self._hot_sorted[t]
+            v = values.to(torch.int64)
+            pos = torch.searchsorted(sorted_ids, v).clamp(max=sorted_ids.numel() - 1)
+            hot = sorted_ids.index_select(0, pos) == v
+            bag = torch.repeat_interleave(torch.arange(b, device=v.device), lengths.to(torch.int64), output_size=v.numel())
+            hot_len = torch.zeros(b, dtype=lengths.dtype, device=v.device).index_add_(0, bag, hot.to(lengths.dtype))
+            cold = ~hot
+            out[f] = (values[cold], lengths - hot_len, None if weights is None else weights[cold])
+            out[f + HOT_SUFFIX] = (
+                slots.index_select(0, pos[hot]).to(values.dtype), hot_len, None if weights is None else weights[hot]
+            )
+        return out
+
+    def _hot_shards(self, t: str) -> tuple[list, tuple]:
+        """(this rank's owner shards of table t: (shard, kernel, index)), (replica kernel, index))."""
+        owners, replica = [], None
+        for g in self.groups.values():
+            for name, sh, kernel, i in g.local_shards():
+                if name == t:
+                    owners.append((sh, kernel, i))
+                elif name == t + HOT_SUFFIX:
+                    replica = (kernel, i)
+        assert replica is not None, t
+        return owners, replica
+
+    @staticmethod
+    def _rows_of(kernel, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
+        """(weights, state, live): live views when the backend exposes them, else copies."""
+        try:
+            w, st = kernel.rows_views(i)
+            return w, st, True
+        except NotImplementedError:
+            return kernel.get_table(i), kernel.get_state(i), False
+
+    def _write_back_hot(self) -> None:
+        """Copy every replica's rows and optimizer state into the owners' shards (local: the
+        replicas are identical on every rank, each owner writes its own rows)."""
+        for t, ids in self._replica_ids.items():
+            owners, (rk, ri) = self._hot_shards(t)
+            rw, rst, _ = self._rows_of(rk, ri)
+            for sh, kernel, i in owners:
+                sel = (ids >= sh.row_start) & (ids < sh.row_end)
+                if not bool(sel.any()):
+                    continue
+                local = (ids[sel] - sh.row_start).to(rw.device)
+                slot = torch.nonzero(sel).flatten().to(rw.device)
+                w, st, live = self._rows_of(kernel, i)
+                w[local] = rw.index_select(0, slot).to(w.dtype)
+                for name, v in st.items():
+                    v[local] = rst[name].index_select(0, slot).to(v.dtype)
+                if not live:
+                    kernel.set_table(i, w)
+                    kernel.set_state(i, st)
+
+    def _sync_replicas(self, version: int) -> None:
+        """Make the replicas hold the hot sets of ``version`` (collective: one all-reduce)."""
+        if version == self._replica_version:
+            return
+        if version not in self._pending_hot:
+            raise RuntimeError(f"hot-row set version {version} is no longer known (now {self._hot_version})")
+        self._write_back_hot()
+        target = self._pending_hot[version]
+        flats, layout = [], []
+        for t in sorted(target):
+            ids = target[t]
+            owners, (rk, ri) = self._hot_shards(t)
+            rw, rst, _ = self._rows_of(rk, ri)
+            bufs = {"weight": torch.zeros_like(rw, dtype=torch.float32)}
+            bufs.update({n: torch.zeros_like(v, dtype=torch.float32) for n, v in rst.items()})
+            for sh, kernel, i in owners:
+                sel = (ids >= sh.row_start) & (ids < sh.row_end)
+                if not bool(sel.any()):
+                    continue
+                local = (ids[sel] - sh.row_start).to(rw.device)
+                slot = torch.nonzero(sel).flatten().to(rw.device)
+                w, st, _ = self._rows_of(kernel, i)
+                bufs["weight"].index_copy_(0, slot, w.index_select(0, local).float())
+                for n, v in st.items():
+                    bufs[n].index_copy_(0, slot, v.index_select(0, local).float())
+            for n, buf in bufs.items():
+                flats.append(buf.reshape(-1))
+                layout.append((t, n, buf.shape))
+        if flats:  # each hot row has exactly one owner (TW / RW / TWRW): the sum is that owner's row
+            flat = self.comm.all_reduce(torch.cat(flats).to(getattr(self.comm, "device", "cpu")), tag="hot_rows_sync")
+            parts = flat.to(self.ctx.device).split([math.prod(shape) for _, _, shape in layout])
+            got: dict[str, dict[str, torch.Tensor]] = {}
+            for (t, n, shape), part in zip(layout, parts):
+                got.setdefault(t, {})[n] = part.view(shape)
+            for t, entry in got.items():
+                _, (rk, ri) = self._hot_shards(t)
+                rw, rst, live = self._rows_of(rk, ri)
+                rw.copy_(entry["weight"].to(rw.dtype))
+                for n, v in rst.items():
+                    v.copy_(entry[n].to(v.dtype))
+                if not live:
+                    rk.set_table(ri, rw)
+                    rk.set_state(ri, rst)
+        self._replica_ids = dict(target)
+        self._replica_version = version
+        for v in [v for v in self._pending_hot if v < version]:
+            del self._pending_hot[v]
+
+    def _check_same(self, tag: str, digest: str, what: str) -> None:
+        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int64, device=getattr(self.comm, "device", "cpu"))
+        everyone = self.comm.all_gather_v(mine, [mine.numel()] * self.comm.world_size, tag=tag).cpu()
+        hashes = [bytes(everyone[i * 8 : (i + 1) * 8].tolist()).hex() for i in range(self.comm.world_size)]
+        bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        if bad:
+            raise ValueError(f"rank(s) {bad} were given {what} than rank 0 (hashes {hashes})")
 
     # ---- export: gather full logical tables -----------------------------------------------------
     def gather_tables(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -197,6 +406,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         (num_column_shards, R), in column order.
         """
         kind = self.ctx.optimizer.kind
+        self._write_back_hot()  # the owners' copies of hot rows are stale while the rows are hot
         out: dict[str, dict[str, torch.Tensor]] = {}
         for t in self.model_cfg.tables:
             tp = self.plan[t.name]
@@ -213,8 +423,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for g in self.groups.values():
             dp = isinstance(g, DataParallelSharding)
             for name, s, kernel, i in g.local_shards():
-                if dp and self.comm.rank != 0:
-                    continue  # replicas are identical: rank 0 contributes
+                if (dp and self.comm.rank != 0) or name.endswith(HOT_SUFFIX):
+                    continue  # replicas are identical: rank 0 contributes; hot replicas were written back
                 e = out[name]
                 tp = self.plan[name]
                 e["weight"][s.row_start : s.row_end, s.col_start : s.col_end] = kernel.get_table(i)
@@ -233,3 +443,28 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for (t, k), part in zip(names, flat.split([out[t][k].numel() for t, k in names])):
             out[t][k] = part.view_as(out[t][k]).clone()
         return out
+
+
+def _check_hot_rows(model: ModelConfig, plan: ShardingPlan, hot_rows: dict[str, int], storage: StorageConfig | None) -> None:
+    """Hot-row replication's limits, each refusal naming the table."""
+    from ..modules.storage import cache_factor
+
+    names = {t.name for t in model.tables}
+    for name, k in hot_rows.items():
+        if name not in names:
+            raise ValueError(f"hot_rows: unknown table '{name}' (tables: {sorted(names)})")
+        t, tp = model.table(name), plan[name]
+        if not 1 <= k < t.num_rows:
+            raise ValueError(
+                f"hot_rows: table '{name}': k must be in [1, {t.num_rows}), got {k} "
+                "(to replicate the whole table, shard it data_parallel)"
+            )
+        if tp.sharding not in _HOT_TYPES:
+            raise ValueError(
+                f"hot_rows: table '{name}' is {tp.sharding.value}; hot-row replication supports "
+                f"{', '.join(x.value for x in _HOT_TYPES)} tables"
+            )
+        if t.pooling != "sum":
+            raise ValueError(f"hot_rows: table '{name}' uses {t.pooling} pooling; hot-row replication needs sum pooling")
+        if cache_factor(t, storage, tp.cache_load_factor) < 1:
+            raise ValueError(f"hot_rows: table '{name}' is cached (cache_load_factor < 1); replicate hot rows of resident tables")
