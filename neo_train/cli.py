@@ -33,6 +33,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+
+def _hot_rows_arg(text: str) -> str:
+    if text in ("off", "auto") or (text.isdigit() and int(text) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"must be 'off', 'auto' or a row count >= 1, got {text!r}")
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import CACHE_POLICIES, COMM_DTYPES, PRESETS, SHARDING_TYPES, TABLE_DTYPES
 
@@ -66,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--local-world-size", type=positive_int, help="ranks per node for the plan (default: LOCAL_WORLD_SIZE); fakes nodes on one host")
     t.add_argument("--comm-dtype-fwd", choices=COMM_DTYPES, help="wire format of pooled embeddings")
     t.add_argument("--comm-dtype-bwd", choices=COMM_DTYPES, help="wire format of their gradients")
+    t.add_argument("--hot-rows", type=_hot_rows_arg, metavar="off|auto|K",
+                   help="hot-row replication: replicate each eligible table's K (or cost-model-chosen) hottest rows on every rank")  # fmt: skip
+    t.add_argument("--hot-rows-window", type=positive_int, help="steps per profiling window of --hot-rows (default 100)")
     t.add_argument("--timeout", type=float, help="collective timeout, seconds")
     t.add_argument("--no-pipeline", action="store_true", help="plain loop: no loader thread, no early input dist")
     t.add_argument("--check-inputs", action=argparse.BooleanOptionalAction, default=None,
@@ -124,6 +133,7 @@ def config_from_args(args: argparse.Namespace):
         sharding=args.sharding, plan_path=str(args.plan) if args.plan else None,
         forward_comm_dtype=args.comm_dtype_fwd, backward_comm_dtype=args.comm_dtype_bwd, timeout_s=args.timeout,
         collective_rules=args.collective_rules, hosts_per_rack=args.hosts_per_rack, trace_dir=args.trace_dir,
+        hot_rows=args.hot_rows, hot_rows_window=args.hot_rows_window,
     )
     storage = given(
         cache_load_factor=args.cache_load_factor, cache_policy=args.cache_policy, storage_dir=args.storage_dir,

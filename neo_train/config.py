@@ -305,7 +305,7 @@ class DataConfig(_Replace):
 
 
 SHARDING_TYPES = ("auto", "table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise", "table_column_wise")
-COMM_DTYPES = ("fp32", "fp16", "bf16")
+COMM_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")  # neo_train.comm.CODECS (no torch import here)
 
 
 @dataclass(frozen=True)
@@ -321,9 +321,10 @@ class DistConfig(_Replace):
     plan_path: str = ""
     """A ShardingPlan JSON file; overrides `sharding`."""
     forward_comm_dtype: str = "fp32"
-    """Wire format of pooled embeddings in the output dist: 'fp32', 'fp16' or 'bf16'."""
+    """Wire format of pooled embeddings in the output dist: 'fp32', 'fp16', 'bf16', or the
+    row-scaled 'fp8_e4m3', 'fp8_e5m2', 'int8' (see neo_train.comm.codecs)."""
     backward_comm_dtype: str = "fp32"
-    """Wire format of their gradients in the backward: 'fp32', 'fp16' or 'bf16'."""
+    """Wire format of their gradients in the backward: one of forward_comm_dtype's."""
     timeout_s: float = 120.0
     """Timeout of every collective, in seconds: a peer that never arrives is an error, not a hang."""
     collective_rules: str = ""
@@ -335,10 +336,23 @@ class DistConfig(_Replace):
     """'opera': blocks of at least this many bytes wait for their direct circuit; smaller ones relay."""
     trace_dir: str = ""
     """Record every collective in param's comms-trace JSON, one trace_rank<r>.json per rank, here."""
+    hot_rows: str = "off"
+    """Hot-row replication: 'off', 'auto' (per table, the k the cost model expects to save the most
+    bytes with: neo_train.sharding.hot_rows.choose_hot_rows) or K (K rows of every eligible table:
+    table-wise / row-wise / table-row-wise, sum pooling, resident). Each rank keeps a replica of
+    the hot rows, pools their ids locally and exchanges only the cold ids; exact (notes/hot_rows.md)."""
+    hot_rows_window: int = 100
+    """Steps per id-frequency profiling window: at each window's end the hot sets become the top-k
+    of rank 0's window (rows and optimizer state move between replicas and owners)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "dist")
         _check(self.sharding in SHARDING_TYPES, "dist.sharding", f"must be one of {SHARDING_TYPES}, got {self.sharding!r}")
+        object.__setattr__(self, "hot_rows", str(self.hot_rows))  # TOML may give K as an integer
+        hr = self.hot_rows
+        _check(hr in ("off", "auto") or (hr.isdigit() and int(hr) >= 1), "dist.hot_rows",
+               f"must be 'off', 'auto' or a row count >= 1, got {self.hot_rows!r}")  # fmt: skip
+        _check(self.hot_rows_window >= 1, "dist.hot_rows_window", f"must be >= 1, got {self.hot_rows_window}")
         for name in ("forward_comm_dtype", "backward_comm_dtype"):
             v = getattr(self, name)
             _check(v in COMM_DTYPES, f"dist.{name}", f"must be one of {COMM_DTYPES}, got {v!r}")

@@ -119,3 +119,84 @@ def test_bad_hot_row_settings_are_refused_naming_the_table() -> None:
     assert len(errors) == len(expected)
     for got, want in zip(errors, expected):
         assert want in got, (want, got)
+
+
+def _trainer_run(comm, hot_rows, ckpt_dir, steps, pipeline=True):
+    from neo_train.train import Trainer
+
+    cfg = preset("tiny")
+    cfg = cfg.replace(
+        train=cfg.train.replace(steps=steps, pipeline=pipeline, checkpoint_dir=ckpt_dir, checkpoint_every=4 if ckpt_dir else 0,
+                                log_every=2),
+        dist=cfg.dist.replace(hot_rows=hot_rows, hot_rows_window=3),
+    )  # fmt: skip
+    plan = ShardingPlan.uniform(cfg.model, "row_wise", comm.world_size)
+    trainer = Trainer(cfg, comm=comm, plan=plan, progress=False)
+    result = trainer.run()
+    tables = trainer.gather_state_dict()["tables"]
+    switches = trainer.hot.switches if trainer.hot is not None else 0
+    return result.losses, tables, switches, result.comm_bytes_per_step
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "plain"])
+def test_trainer_with_hot_rows_switching_every_window_trains_like_without(pipeline: bool) -> None:
+    """The trainer end to end (``dist.hot_rows = K``): profiles its batches, switches the hot sets
+    every 3 steps (the pipelined run with the next batch's ids already split by the old sets), and
+    trains like the run without replication; the input dist carries fewer ids."""
+    off = run_ranks(_trainer_run, 2, "off", "", 9, pipeline)
+    on = run_ranks(_trainer_run, 2, "16", "", 9, pipeline)
+    assert on[0][2] == 3 and off[0][2] == 0  # switched after steps 3, 6 and 9
+    torch.testing.assert_close(torch.tensor(on[0][0]), torch.tensor(off[0][0]), rtol=1e-5, atol=1e-6)
+    for name, entry in off[0][1].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(on[0][1][name][key], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"table {name} {key}: {m}")  # fmt: skip
+    assert on[0][3]["input_dist"] < off[0][3]["input_dist"], (on[0][3], off[0][3])
+
+
+def test_resume_with_hot_rows_continues_like_an_uninterrupted_run(tmp_path) -> None:
+    """A checkpoint holds no replica: the owners' rows are written back first, and a resumed run
+    gathers the replicas from them again."""
+    whole = run_ranks(_trainer_run, 2, "16", "", 8)
+    ckpt = str(tmp_path / "ck")
+    first = run_ranks(_trainer_run, 2, "16", ckpt, 4)  # checkpoint at step 4
+    resumed = run_ranks(_trainer_run, 2, "16", ckpt, 8)  # resumes at step 4
+    assert len(first[0][0]) == 4 and len(resumed[0][0]) == 8
+    torch.testing.assert_close(torch.tensor(resumed[0][0]), torch.tensor(whole[0][0]), rtol=1e-5, atol=1e-6)
+    for name, entry in whole[0][1].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(resumed[0][1][name][key], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"table {name} {key}: {m}")  # fmt: skip
+
+
+def test_zipf_coverage_matches_the_generator_and_auto_picks_the_best_k() -> None:
+    """The cost model's coverage against the synthetic generator's ids; ``auto`` picks the k with
+    the largest net saving (its neighbours save less), K applies to eligible tables only."""
+    import numpy as np
+
+    from neo_train.config import Config
+    from neo_train.data.synthetic import power_law_ids
+    from neo_train.sharding.hot_rows import choose_hot_rows, zipf_coverage
+
+    rng = np.random.default_rng(zlib.crc32(b"zipf_coverage"))
+    for rows, alpha, k in ((100_000, 1.05, 256), (5_000, 0.8, 64), (2_000_000, 1.2, 1024)):
+        ids = torch.from_numpy(power_law_ids(rng, 400_000, rows, alpha, salt=7))
+        counts = torch.bincount(ids, minlength=rows).sort(descending=True).values
+        empirical = float(counts[:k].sum()) / ids.numel()
+        assert abs(zipf_coverage(k, rows, alpha) - empirical) < 0.02, (rows, alpha, k, empirical)
+    cfg = preset("small")
+    with pytest.raises(ValueError, match="dist.hot_rows"):
+        cfg.replace(dist=cfg.dist.replace(hot_rows="lots"))
+    assert isinstance(cfg, Config)
+    plan = ShardingPlan.uniform(cfg.model, "table_wise", 4).with_overrides(cfg.model, {cfg.model.tables[0].name: "data_parallel"})
+    assert choose_hot_rows(cfg, plan, 4, "off") == {}
+    fixed = choose_hot_rows(cfg, plan, 4, "8")
+    eligible = {t.name for t in cfg.model.tables[1:] if t.pooling == "sum" and t.num_rows > 8}
+    assert set(fixed) == eligible and all(c.k == 8 for c in fixed.values())
+    auto = choose_hot_rows(cfg, plan, 4, "auto")
+    assert auto and set(auto) <= eligible
+    for name, c in auto.items():
+        assert c.net_bytes > 0 and 0 < c.coverage < 1
+        for other in (c.k // 2, c.k * 2):
+            if 1 <= other < cfg.model.table(name).num_rows:
+                assert choose_hot_rows(cfg, plan, 4, str(other))[name].net_bytes <= c.net_bytes

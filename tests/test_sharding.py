@@ -10,6 +10,7 @@ bags, ranks owning no table (4 tables over up to 4 ranks with TW).
 import pytest
 import torch
 
+from neo_train.comm import Codec
 from neo_train.config import DataConfig, ModelConfig, TableConfig
 from neo_train.data import Batch, SyntheticData
 from neo_train.kernels import SparseOptimizerSpec, TableSpec, create_embedding_bag
@@ -160,7 +161,7 @@ def test_eight_ranks(sharding):
     _compare(res, _oracle(W, "adagrad"), W)
 
 
-class _SpyCodec:
+class _SpyCodec(Codec):
     """Identity on the wire; records what the backward exchanges encode."""
 
     name = "spy"

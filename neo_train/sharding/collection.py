@@ -281,6 +281,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
             self._hot_sorted[t] = (sorted_ids.to(dev), slots.to(dev))
         self._pending_hot[self._hot_version] = new
 
+    def hot_write_back(self) -> None:
+        """Make the owners' copies of hot rows current (local; before a checkpoint or export)."""
+        self._write_back_hot()
+
+    def hot_reload(self) -> None:
+        """Gather the replicas again from the owners (collective; after the owners were loaded)."""
+        if self._hot_k:
+            self._pending_hot[self._hot_version] = self._hot_ids
+            self._replica_ids = {}  # nothing to write back: the owners hold the truth now
+            self._replica_version = -1
+            self._sync_replicas(self._hot_version)
+
     def _split_hot(self, parts: dict, b: int) -> dict:
         """Each hot table's features split into the cold ids (the feature itself) and the hot ids
         as slots of the replica (feature#hot), bag by bag; per-id weights follow their ids."""

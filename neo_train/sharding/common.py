@@ -279,10 +279,11 @@ def flat_exchange(
         blocks = [blk.view(b, w) for blk, w in zip(out.split(outs), widths)]
         return torch.cat(blocks, dim=1) if blocks else out.view(b, 0)
 
+    rows = ([me] * W, list(widths))  # the row width of each segment, for row-scaled codecs
     if async_op:
-        pending = all_to_all_v_async(comm, x.reshape(-1), ins, outs, fwd, bwd, tag)
+        pending = all_to_all_v_async(comm, x.reshape(-1), ins, outs, fwd, bwd, tag, rows)
         return Pending(lambda: unflatten(pending.wait()))
-    return unflatten(all_to_all_v(comm, x.reshape(-1), ins, outs, fwd, bwd, tag))
+    return unflatten(all_to_all_v(comm, x.reshape(-1), ins, outs, fwd, bwd, tag, rows))
 
 
 class ScaleGrad(torch.autograd.Function):

@@ -62,7 +62,9 @@ __all__ = [
 ]
 
 TABLE_DTYPES = {"fp32": 4, "fp16": 2}
-COMM_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# bytes per value on the wire; the row-scaled codecs' 4 (fp8) or 8 (int8) bytes of scale per row
+# are left out (1/16 or 1/8 more at D = 64)
+COMM_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 PHASES = (
     "lookup", "input_a2a", "output_a2a", "backward_exchange", "fused_update",
     "dp_allreduce", "dense_compute", "dense_allreduce",

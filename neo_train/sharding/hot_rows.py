@@ -57,6 +57,7 @@ and ties in ``top_k`` go to the smaller id.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import zlib
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -66,7 +67,7 @@ import torch
 from ..config import TableConfig
 from ..data.batch import SparseFeatures
 
-__all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31"]
+__all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage"]
 
 MERSENNE_31 = (1 << 31) - 1
 """The prime of the hash family: ids are split into 31-bit halves, so every product fits int64."""
@@ -551,3 +552,89 @@ class IdFrequencyProfiler:
             if hi >= self._rows[name]:
                 raise ValueError(f"{where}: id {hi} out of range [0, {self._rows[name]})")
         return ids
+
+
+# ---- choosing k (issue 13 item 4) ------------------------------------------------------------
+HOT_SHARDINGS = ("table_wise", "row_wise", "table_row_wise")  # what the replication supports
+_K_CANDIDATES = tuple(1 << i for i in range(0, 21))  # 1 .. 1M rows
+
+
+def zipf_coverage(k: int, rows: int, alpha: float) -> float:
+    """Fraction of lookups the k most popular of ``rows`` rows take under the synthetic
+    generator's power law (``neo_train.data.synthetic.power_law_ids``: popularity rank
+    floor(x), x drawn with density ~ x^-alpha on [1, rows]): P(x < k + 1) =
+    ((k+1)^(1-alpha) - 1) / (rows^(1-alpha) - 1), ln(k+1) / ln(rows) at alpha = 1, k / rows at 0."""
+    if k <= 0:
+        return 0.0
+    if k >= rows:
+        return 1.0
+    if alpha == 0:
+        return k / rows
+    if abs(alpha - 1.0) < 1e-9:
+        return min(1.0, math.log(k + 1) / math.log(rows))
+    e = 1.0 - alpha
+    return min(1.0, ((k + 1) ** e - 1.0) / (rows**e - 1.0))
+
+
+@dataclass(frozen=True)
+class HotRowChoice:
+    """k hot rows of one table and what they are expected to save, in bytes per step per rank."""
+
+    table: str
+    k: int
+    coverage: float  # fraction of the table's lookups the k rows take
+    saved_bytes: float  # input-dist bytes no longer sent
+    added_bytes: float  # the replicas' gradient all-reduce
+    memory_bytes: float  # replica rows + optimizer state on every rank
+
+    @property
+    def net_bytes(self) -> float:
+        return self.saved_bytes - self.added_bytes
+
+
+def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) -> dict[str, HotRowChoice]:
+    """Per eligible table (table-wise / row-wise / table-row-wise plan, sum pooling, resident),
+    the hot rows to replicate: ``setting`` "off" -> none; an integer K -> K rows of every
+    eligible table with more than K rows; "auto" -> the k (a power of two) with the largest net
+    saving, none where no k saves anything. Per step and rank (b local samples, L ids per bag,
+    c(k) = zipf_coverage with the table's exponent, W ranks, D the dim):
+
+        saved  = c(k) * b * L * F_t * (8 + 4 if weighted) * (W - 1) / W     ids that stay local
+        added  = 2 * (W - 1) / W * 4 * k * (D + 1)                          ring all-reduce of the
+                                                                            (k, D) gradients + marks
+        memory = k * (D * 4 + state) on every rank
+
+    The pooled rows still cross the network (a bag's cold part is pooled by its owner), so the
+    saving is the input dist's; notes/hot_rows.md has the rest of the argument."""
+    from ..modules.storage import cache_factor
+
+    if str(setting) == "off" or world_size < 2:
+        return {}
+    fixed = None if str(setting) == "auto" else int(setting)
+    W, b = world_size, cfg.train.batch_size
+    state = {"sgd": 0, "adagrad": None, "rowwise_adagrad": 4, "adam": None}[cfg.train.sparse_optimizer]
+    out: dict[str, HotRowChoice] = {}
+    for t in cfg.model.tables:
+        tp = plan[t.name]
+        if tp.sharding.value not in HOT_SHARDINGS or t.pooling != "sum" or t.num_rows < 2:
+            continue
+        if cache_factor(t, cfg.storage, tp.cache_load_factor) < 1:
+            continue
+        alpha = t.zipf_alpha if t.zipf_alpha is not None else cfg.data.zipf_alpha
+        ids = b * t.pooling_factor * len(t.feature_names)
+        per_id = 8  # an int64 id (weighted features add 4 B of weight: not modelled)
+        row_state = t.dim * 4 * (2 if cfg.train.sparse_optimizer == "adam" else 1) if state is None else state
+
+        def choice(k: int) -> HotRowChoice:
+            c = zipf_coverage(k, t.num_rows, alpha)
+            return HotRowChoice(t.name, k, c, c * ids * per_id * (W - 1) / W, 2 * (W - 1) / W * 4 * k * (t.dim + 1),
+                                k * (t.dim * 4 + row_state))  # fmt: skip
+
+        if fixed is not None:
+            if 1 <= fixed < t.num_rows:
+                out[t.name] = choice(fixed)
+            continue
+        best = max((choice(k) for k in _K_CANDIDATES if k < t.num_rows), key=lambda c: c.net_bytes, default=None)
+        if best is not None and best.net_bytes > 0:
+            out[t.name] = best
+    return out

@@ -147,7 +147,7 @@ class RowWiseSharding(EmbeddingSharding):
         W = self.ctx.world_size
         partial = self.partial_sums(self.scaled_lookup(routed), W * b, range(len(self.features)))
         D = partial.shape[1]
-        pending = all_to_all_v_async(self.ctx.comm, partial.reshape(-1), [b * D] * W, [b * D] * W,
+        pending = all_to_all_v_async(self.ctx.comm, partial, [b] * W, [b] * W,
                                      self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
 
         def finish() -> torch.Tensor:

@@ -86,7 +86,7 @@ from torch.distributed.checkpoint.metadata import (
 from ..config import Config
 from ..kernels import FusedEmbeddingBag
 from ..kernels.base import state_shapes
-from ..sharding.collection import ShardedEmbeddingBagCollection
+from ..sharding.collection import HOT_SUFFIX, ShardedEmbeddingBagCollection
 from ..sharding.plan import Shard, ShardingPlan
 
 if TYPE_CHECKING:
@@ -197,6 +197,9 @@ def load_checkpoint(trainer: "Trainer", directory: str | Path) -> int:
     except Exception as e:  # noqa: BLE001 - the other ranks must hear of it rather than hang
         err = e
     _agree(trainer.comm, err, f"loading {d}")
+    emb = trainer.model.embeddings
+    if isinstance(emb, ShardedEmbeddingBagCollection):
+        emb.hot_reload()  # the hot-row replicas from the loaded owners (collective)
     return int(meta["step"])
 
 
@@ -337,7 +340,11 @@ def _view(trainer: "Trainer") -> _View:
     """The trainer's plan, local shards and DLRM; an unsharded trainer is rank 0 holding every table."""
     emb = trainer.model.embeddings
     if isinstance(emb, ShardedEmbeddingBagCollection):
-        shards = [_LocalShard(n, s, k, i) for g in emb.groups.values() for n, s, k, i in g.local_shards()]
+        # hot-row replicas are not saved: their rows are written back to the owners first
+        # (save_checkpoint) and gathered from them again after a load
+        emb.hot_write_back()
+        shards = [_LocalShard(n, s, k, i) for g in emb.groups.values() for n, s, k, i in g.local_shards()
+                  if not n.endswith(HOT_SUFFIX)]  # fmt: skip
         return _View(emb.plan, shards, trainer.model.module)
     plan = ShardingPlan.uniform(trainer.cfg.model, "table_wise", 1, 1)
     shards = [_LocalShard(t.name, plan[t.name].shards[0], emb.kernel, i) for i, t in enumerate(emb.tables)]

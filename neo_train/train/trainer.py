@@ -28,6 +28,7 @@ from ..data.synthetic import SyntheticData
 from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
 from ..sharding.plan import ShardingPlan
+from .hot_rows import HotRowSchedule, hot_row_counts
 from .metrics import binary_metrics
 from .pipeline import EndOfData, TrainPipeline
 from .timing import PhaseTimer
@@ -147,6 +148,7 @@ class Trainer:
         if comm is not None:
             comm = TimingCommunicator(comm, self.timer)
         self.comm = comm
+        self.hot: HotRowSchedule | None = None  # hot-row replication's profile-and-switch (dist.hot_rows)
         self.rank = comm.rank if comm is not None else 0
         self.world_size = comm.world_size if comm is not None else 1
         if comm is not None:
@@ -154,7 +156,10 @@ class Trainer:
 
             if plan is None:
                 raise ValueError("a multi-rank Trainer needs a sharding plan")
-            self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device, timer=self.timer)
+            hot = hot_row_counts(cfg, plan)
+            self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device, timer=self.timer,
+                                                                   hot_rows=hot)  # fmt: skip
+            self.hot = HotRowSchedule(self.model.embeddings, cfg.dist.hot_rows_window) if hot else None
         else:
             self.model = build_model(cfg, self.device)
         # inputs are checked on the host, before the device copy (check_batch), not in the forward
@@ -210,6 +215,8 @@ class Trainer:
                 _check_values(batch)
             except ValueError as e:
                 raise ValueError(f"{e}{self._where()}{at}") from None
+        if self.hot is not None:  # hot-row profiling: this rank's training batches, by step
+            self.hot.observe(sparse, step)
         return batch if sparse is batch.sparse else Batch(batch.dense, sparse, batch.labels)
 
     def prepare(self, batch: Batch, step: int | None = None) -> Batch:
@@ -396,6 +403,8 @@ class Trainer:
                     self.backward_step(loss)
                     loss = loss.detach()
                 pending.append(loss)
+                if self.hot is not None:
+                    self.hot.after_step(step + 1, self.comm)
                 if (step + 1) % t.log_every == 0:
                     flush(step + 1)
                 dt = time.perf_counter() - t0
