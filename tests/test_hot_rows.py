@@ -200,3 +200,19 @@ def test_zipf_coverage_matches_the_generator_and_auto_picks_the_best_k() -> None
         for other in (c.k // 2, c.k * 2):
             if 1 <= other < cfg.model.table(name).num_rows:
                 assert choose_hot_rows(cfg, plan, 4, str(other))[name].net_bytes <= c.net_bytes
+
+
+def test_plan_command_shows_the_hot_rows_it_would_replicate(capsys) -> None:
+    """``neo-train plan --hot-rows auto|K``: k, coverage and bytes per table under the plan."""
+    import argparse
+
+    from neo_train.sharding.plan_cli import add_plan_arguments, plan_command
+
+    p = add_plan_arguments(argparse.ArgumentParser())
+    base = ["--preset", "small", "--topology", "cpu_local", "--gpus-per-node", "4"]
+    assert plan_command(p.parse_args(base)) == 0
+    assert "hot rows" not in capsys.readouterr().out  # the preset's dist.hot_rows is off
+    assert plan_command(p.parse_args(base + ["--hot-rows", "32"])) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "hot rows" in ln or " k " in ln]
+    assert lines[0].startswith("hot rows    32: ") and "MB of ids kept local" in lines[0], lines
+    assert all(" k       32 " in ln for ln in lines[1:]) and len(lines) > 1, lines

@@ -207,11 +207,36 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="never cache tables (default: when they do not fit resident, cache the large ones)")
     p.add_argument("--ssd", action="store_true", help="cached tables live on the SSD tier (host memory does not bound them)")
+    p.add_argument("--hot-rows", metavar="off|auto|K", help="show what hot-row replication would replicate and save "
+                   "under the plan (default: the config's dist.hot_rows)")  # fmt: skip
     p.add_argument("--out", type=Path, help="write the plan JSON here (only when it fits)")
     p.add_argument("--summary-json", type=Path, help="write the summary and per-rank estimate as JSON")
     p.add_argument("--max-tables-shown", type=int, default=10, help="largest tables listed with their sharding")
     p.add_argument("--max-ranks-shown", type=int, default=10, help="ranks listed (the slowest) when there are more")
     return p
+
+
+def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 10) -> str:
+    """What ``--hot-rows`` would replicate under this plan (choose_hot_rows): per table k, the
+    lookups the rows take, and the bytes per step and device saved / added; empty when off."""
+    from .hot_rows import choose_hot_rows
+
+    if str(setting) == "off":
+        return ""
+    got = sorted(choose_hot_rows(cfg, plan, world_size, setting).values(), key=lambda c: -c.net_bytes)
+    if not got:
+        return f"hot rows    {setting}: no table gains (none eligible, or no k saves more than its all-reduce costs)"
+    saved, added = sum(c.saved_bytes for c in got), sum(c.added_bytes for c in got)
+    mem = sum(c.memory_bytes for c in got)
+    lines = [f"hot rows    {setting}: {len(got)} table(s); per step and device {saved / 1e6:.3g} MB of ids kept "
+             f"local, {added / 1e6:.3g} MB of replica all-reduce (net {(saved - added) / 1e6:+.3g} MB); "
+             f"replicas {mem / 1e6:.3g} MB per device"]  # fmt: skip
+    for c in got[:max_tables]:
+        lines.append(f"  {c.table:<24} k {c.k:>8,}  coverage {c.coverage:6.1%}  saved {c.saved_bytes / 1e3:10,.1f} KB"
+                     f"  added {c.added_bytes / 1e3:10,.1f} KB")  # fmt: skip
+    if len(got) > max_tables:
+        lines.append(f"  ... {len(got) - max_tables} more")
+    return "\n".join(lines)
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -253,6 +278,11 @@ def plan_command(args: argparse.Namespace) -> int:
     cache = format_cache(result, m)
     if cache:
         print(cache)
+    hot_setting = getattr(args, "hot_rows", None) or cfg.dist.hot_rows
+    hot = format_hot_rows(cfg.replace(train=cfg.train.replace(batch_size=opts.batch_size)), result.plan,
+                          cluster.world_size, hot_setting, args.max_tables_shown)  # fmt: skip
+    if hot:
+        print(hot)
     if args.summary_json:
         args.summary_json.write_text(json.dumps(result_summary(result), indent=1))
         print(f"summary written to {args.summary_json}")
