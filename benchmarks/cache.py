@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import mmap
 import os
@@ -75,6 +74,7 @@ from neo_train.kernels.cache import CACHE_POLICIES, CachedEmbeddingBag, MmapStor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # embedding.py, when imported as a module
 from embedding import machine_info  # noqa: E402
+from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
 
 __all__ = ["Workload", "main"]
 
@@ -652,12 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {"benchmark": "cache", "quick": q, "machine": info, "argv": sys.argv, "args": vars(args),
               "backend": args.backend, "workload": asdict(w), "row_bytes": w.row_bytes, "sweep": rows,
               "goal": GOAL | {"rows": goals}, "ssd": ssd}  # fmt: skip
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    if args.png:
-        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-        write_png(args.png, report)
+    write_outputs(report, args.json, args.png, write_png, indent=2)
     return 0
 
 

@@ -73,7 +73,6 @@ import argparse
 import dataclasses
 import gc
 import itertools
-import json
 import math
 import platform
 import statistics
@@ -87,6 +86,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # embedding_gpu, when imported as a module
 import embedding_gpu as eg  # noqa: E402
+from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
 
 __all__ = ["BatchedTorchTBE", "PlainEmbeddings", "main"]
 
@@ -621,12 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "training": training,
         "goals": goals, "all_goals_pass": None if smoke else all(g["pass"] for g in goals),
     }  # fmt: skip
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    if args.png:
-        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-        write_png(args.png, report)
+    write_outputs(report, args.json, args.png, write_png, indent=2)
     return 0
 
 

@@ -119,7 +119,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import math
 import os
 import platform
@@ -137,6 +136,7 @@ from neo_train.config import TableConfig, TrainConfig
 from neo_train.kernels import available_backends
 from neo_train.sharding.plan import ShardingPlan
 from neo_train.testing import run_ranks
+from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
 
 __all__ = ["main", "make_config", "Variant", "simulate_model_a"]
 
@@ -886,12 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "model": dataclasses.asdict(base.model),
               "one_hot_tables": one_hot, "variants": [asdict(v) for v in variants], "codecs_skipped": skipped,
               "goal": GOAL | {"verdicts": goals}, "measured": measured, "runs": runs_meta, "simulated": sim}  # fmt: skip
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.png:
-        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-        write_png(args.png, report)
+    write_outputs(report, args.json, args.png, write_png, indent=1)
     return 0
 
 

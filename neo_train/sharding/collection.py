@@ -333,18 +333,22 @@ class ShardedEmbeddingBagCollection(nn.Module):
         except NotImplementedError:
             return kernel.get_table(i), kernel.get_state(i), False
 
+    @staticmethod
+    def _owned(owners: list, ids: torch.Tensor, device: torch.device):
+        """For each owner shard holding some of ``ids``: (their rows in the shard, their replica
+        slots, the shard's kernel, its table index)."""
+        for sh, kernel, i in owners:
+            sel = (ids >= sh.row_start) & (ids < sh.row_end)
+            if bool(sel.any()):
+                yield (ids[sel] - sh.row_start).to(device), torch.nonzero(sel).flatten().to(device), kernel, i
+
     def _write_back_hot(self) -> None:
         """Copy every replica's rows and optimizer state into the owners' shards (local: the
         replicas are identical on every rank, each owner writes its own rows)."""
         for t, ids in self._replica_ids.items():
             owners, (rk, ri) = self._hot_shards(t)
             rw, rst, _ = self._rows_of(rk, ri)
-            for sh, kernel, i in owners:
-                sel = (ids >= sh.row_start) & (ids < sh.row_end)
-                if not bool(sel.any()):
-                    continue
-                local = (ids[sel] - sh.row_start).to(rw.device)
-                slot = torch.nonzero(sel).flatten().to(rw.device)
+            for local, slot, kernel, i in self._owned(owners, ids, rw.device):
                 w, st, live = self._rows_of(kernel, i)
                 w[local] = rw.index_select(0, slot).to(w.dtype)
                 for name, v in st.items():
@@ -368,12 +372,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             rw, rst, _ = self._rows_of(rk, ri)
             bufs = {"weight": torch.zeros_like(rw, dtype=torch.float32)}
             bufs.update({n: torch.zeros_like(v, dtype=torch.float32) for n, v in rst.items()})
-            for sh, kernel, i in owners:
-                sel = (ids >= sh.row_start) & (ids < sh.row_end)
-                if not bool(sel.any()):
-                    continue
-                local = (ids[sel] - sh.row_start).to(rw.device)
-                slot = torch.nonzero(sel).flatten().to(rw.device)
+            for local, slot, kernel, i in self._owned(owners, ids, rw.device):
                 w, st, _ = self._rows_of(kernel, i)
                 bufs["weight"].index_copy_(0, slot, w.index_select(0, local).float())
                 for n, v in st.items():
