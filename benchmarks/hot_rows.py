@@ -131,6 +131,7 @@ from typing import Any, Sequence
 
 import torch
 
+from neo_train.comm import make_codec
 from neo_train.config import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS, Config, DataConfig, DistConfig, ModelConfig
 from neo_train.config import TableConfig, TrainConfig
 from neo_train.kernels import available_backends
@@ -399,28 +400,9 @@ def _summarise(res: dict[str, Any], timing: list[list[dict[str, Any]]], cfg: Con
 
 # ---- 2. the simulation at Model-A scale ---------------------------------------------------------------
 def codec_bytes_per_element(codec: str, dim: int) -> float:
-    """Pooled bytes per element on the wire (a 4- or 8-byte row header over one D-wide row)."""
-    if codec == "fp32":
-        return 4.0
-    if codec in ("fp16", "bf16"):
-        return 2.0
-    if codec.startswith("fp8"):
-        return 1.0 + 4.0 / dim
-    if codec == "int8":
-        return 1.0 + 8.0 / dim
-    raise ValueError(f"no byte model for codec {codec!r}")
-
-
-def _union_busy(res: Any) -> float:
-    spans = sorted((p.start, p.end) for p in res.phases if p.kind != "compute" and p.end > p.start)
-    busy, cs, ce = 0.0, None, None
-    for s, e in spans:
-        if ce is None or s > ce:
-            busy += 0.0 if ce is None else ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    return busy + (0.0 if ce is None else ce - cs)
+    """Pooled bytes per element on the wire (a 4- or 8-byte row header over one D-wide row for
+    the row-scaled codecs): ``Codec.row_bytes`` over D."""
+    return make_codec(codec).row_bytes(dim) / dim
 
 
 def simulate_model_a(nodes: int, tables: int, alphas: Sequence[float], codecs: Sequence[str],
@@ -489,7 +471,7 @@ def simulate_model_a(nodes: int, tables: int, alphas: Sequence[float], codecs: S
                 "network": net, "allreduce": ar, "variant": v["name"], "alpha": v["alpha"], "codec": v["codec"],
                 "bytes_per_element": e, "hot_rows_k": sorted(set(ks.values())), "coverage": sorted(set(cov.values())),
                 "replica_allreduce_gb": hot_bytes / 1e9, "phases": by_phase, "a2a_gb": a2a_gb,
-                "comm_ms": 1e3 * _union_busy(res), "a2a_ms": 1e3 * res.busy_time("all_to_all"),
+                "comm_ms": 1e3 * res.comm_busy_time(), "a2a_ms": 1e3 * res.busy_time("all_to_all"),
                 "iteration_ms": 1e3 * res.total, "sim_wall_s": time.perf_counter() - t0,
             }  # fmt: skip
             if base is None:

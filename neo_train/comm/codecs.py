@@ -51,6 +51,10 @@ class Codec:
     def decode(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return y if y.dtype == dtype else y.to(dtype)
 
+    def row_bytes(self, dim: int) -> int:
+        """Bytes on the wire for one row of ``dim`` float32 values (the table in the docstring)."""
+        return 4 * dim
+
     def encode_flat(self, x: torch.Tensor, splits: Sequence[int], widths: Sequence[int]) -> torch.Tensor:
         """x (sum splits,): segment j holds splits[j] values in rows of widths[j] -> wire (1-D)."""
         return self.encode(x)
@@ -72,6 +76,9 @@ class CastCodec(Codec):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.wire)
+
+    def row_bytes(self, dim: int) -> int:
+        return self.wire.itemsize * dim
 
 
 class _RowCodec(Codec):
@@ -96,6 +103,9 @@ class _RowCodec(Codec):
         D = y.shape[1] - self.extra
         params = y[:, D:].clone(memory_format=torch.contiguous_format)  # at offset 0: viewable as float32
         return self.unpack(y[:, :D], params.view(torch.float32)).to(dtype)
+
+    def row_bytes(self, dim: int) -> int:
+        return dim + self.extra
 
     def wire_splits(self, splits: Sequence[int], widths: Sequence[int]) -> list[int]:
         return [n // w * (w + self.extra) if n else 0 for n, w in zip(splits, widths)]

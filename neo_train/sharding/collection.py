@@ -35,6 +35,7 @@ from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
 from .common import EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
 from .data_parallel import DataParallelSharding
+from .hot_rows import hot_row_refusal
 from .plan import Shard, ShardingPlan, ShardingType, TablePlan
 from .row_wise import RowWiseSharding
 from .table_column_wise import TableColumnWiseSharding
@@ -44,7 +45,6 @@ from .table_wise import TableWiseSharding
 __all__ = ["ShardedEmbeddingBagCollection", "DistributedSparse", "SHARDING_CLASSES", "config_hash", "HOT_SUFFIX"]
 
 HOT_SUFFIX = "#hot"  # the replicated hot part of table t is the data-parallel table t#hot
-_HOT_TYPES = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 
 SHARDING_CLASSES: dict[ShardingType, type[EmbeddingSharding]] = {
     ShardingType.TABLE_WISE: TableWiseSharding,
@@ -165,12 +165,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
             self.set_hot_rows({t.name: torch.arange(self._hot_k[t.name]) for t in hot_tables}, check=False)
             self._sync_replicas(self._hot_version)
 
+    def _digests_differ(self, digest: str, tag: str) -> tuple[list[int], list[str]]:
+        """Gather every rank's 8-byte hex ``digest`` (collective): (the ranks whose digest is not
+        rank 0's, every rank's digest)."""
+        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int64, device=getattr(self.comm, "device", "cpu"))
+        everyone = self.comm.all_gather_v(mine, [mine.numel()] * self.comm.world_size, tag=tag).cpu()
+        hashes = [bytes(everyone[i * 8 : (i + 1) * 8].tolist()).hex() for i in range(self.comm.world_size)]
+        return [r for r, h in enumerate(hashes) if h != hashes[0]], hashes
+
     def check_peers(self, digest: str) -> None:
         """Every rank must hold the same model, plan and optimizer: compare config hashes."""
-        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int64, device=getattr(self.comm, "device", "cpu"))
-        everyone = self.comm.all_gather_v(mine, [mine.numel()] * self.comm.world_size, tag="config_check").cpu()
-        hashes = [bytes(everyone[i * 8 : (i + 1) * 8].tolist()).hex() for i in range(self.comm.world_size)]
-        bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        bad, hashes = self._digests_differ(digest, "config_check")
         if bad:
             raise ValueError(
                 f"rank(s) {bad} were given a different model/plan/optimizer config than rank 0 "
@@ -272,7 +277,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             new[t] = ids
         if check:
             digest = hashlib.sha256(b"".join(new[t].numpy().tobytes() for t in sorted(new))).hexdigest()[:16]
-            self._check_same("hot_rows_check", digest, "different hot-row sets")
+            bad, hashes = self._digests_differ(digest, "hot_rows_check")
+            if bad:
+                raise ValueError(f"rank(s) {bad} were given different hot-row sets than rank 0 (hashes {hashes})")
         self._hot_version += 1
         self._hot_ids = new
         dev = self.ctx.device
@@ -400,14 +407,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for v in [v for v in self._pending_hot if v < version]:
             del self._pending_hot[v]
 
-    def _check_same(self, tag: str, digest: str, what: str) -> None:
-        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int64, device=getattr(self.comm, "device", "cpu"))
-        everyone = self.comm.all_gather_v(mine, [mine.numel()] * self.comm.world_size, tag=tag).cpu()
-        hashes = [bytes(everyone[i * 8 : (i + 1) * 8].tolist()).hex() for i in range(self.comm.world_size)]
-        bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
-        if bad:
-            raise ValueError(f"rank(s) {bad} were given {what} than rank 0 (hashes {hashes})")
-
     # ---- export: gather full logical tables -----------------------------------------------------
     def gather_tables(self) -> dict[str, dict[str, torch.Tensor]]:
         """{table: {"weight": (R, D), <state>: ...}} on every rank (collective).
@@ -458,24 +457,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
 def _check_hot_rows(model: ModelConfig, plan: ShardingPlan, hot_rows: dict[str, int], storage: StorageConfig | None) -> None:
     """Hot-row replication's limits, each refusal naming the table."""
-    from ..modules.storage import cache_factor
-
     names = {t.name for t in model.tables}
     for name, k in hot_rows.items():
         if name not in names:
             raise ValueError(f"hot_rows: unknown table '{name}' (tables: {sorted(names)})")
-        t, tp = model.table(name), plan[name]
+        t = model.table(name)
         if not 1 <= k < t.num_rows:
             raise ValueError(
                 f"hot_rows: table '{name}': k must be in [1, {t.num_rows}), got {k} "
                 "(to replicate the whole table, shard it data_parallel)"
             )
-        if tp.sharding not in _HOT_TYPES:
-            raise ValueError(
-                f"hot_rows: table '{name}' is {tp.sharding.value}; hot-row replication supports "
-                f"{', '.join(x.value for x in _HOT_TYPES)} tables"
-            )
-        if t.pooling != "sum":
-            raise ValueError(f"hot_rows: table '{name}' uses {t.pooling} pooling; hot-row replication needs sum pooling")
-        if cache_factor(t, storage, tp.cache_load_factor) < 1:
-            raise ValueError(f"hot_rows: table '{name}' is cached (cache_load_factor < 1); replicate hot rows of resident tables")
+        why = hot_row_refusal(t, plan[name], storage)
+        if why:
+            raise ValueError(f"hot_rows: {why}")

@@ -66,8 +66,10 @@ import torch
 
 from ..config import TableConfig
 from ..data.batch import SparseFeatures
+from .plan import ShardingType
 
-__all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage"]
+__all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage",
+           "hot_row_refusal", "HOT_SHARDINGS"]
 
 MERSENNE_31 = (1 << 31) - 1
 """The prime of the hash family: ids are split into 31-bit halves, so every product fits int64."""
@@ -555,7 +557,23 @@ class IdFrequencyProfiler:
 
 
 # ---- choosing k (issue 13 item 4) ------------------------------------------------------------
-HOT_SHARDINGS = ("table_wise", "row_wise", "table_row_wise")  # what the replication supports
+HOT_SHARDINGS = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)  # what the replication supports
+
+
+def hot_row_refusal(table: TableConfig, table_plan: Any, storage: Any) -> str:
+    """Why ``table`` cannot have hot-row replication under its plan, '' when it can: the one rule
+    both the sharded collection (which refuses, naming the table) and ``choose_hot_rows`` (which
+    passes over the table) apply."""
+    from ..modules.storage import cache_factor
+
+    if table_plan.sharding not in HOT_SHARDINGS:
+        return (f"table '{table.name}' is {table_plan.sharding.value}; hot-row replication supports "
+                f"{', '.join(x.value for x in HOT_SHARDINGS)} tables")  # fmt: skip
+    if table.pooling != "sum":
+        return f"table '{table.name}' uses {table.pooling} pooling; hot-row replication needs sum pooling"
+    if cache_factor(table, storage, table_plan.cache_load_factor) < 1:
+        return f"table '{table.name}' is cached (cache_load_factor < 1); replicate hot rows of resident tables"
+    return ""
 _K_CANDIDATES = tuple(1 << i for i in range(0, 21))  # 1 .. 1M rows
 
 
@@ -606,24 +624,20 @@ def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) ->
 
     The pooled rows still cross the network (a bag's cold part is pooled by its owner), so the
     saving is the input dist's; notes/hot_rows.md has the rest of the argument."""
-    from ..modules.storage import cache_factor
+    from .cost_model import state_bytes_per_row
 
     if str(setting) == "off" or world_size < 2:
         return {}
     fixed = None if str(setting) == "auto" else int(setting)
     W, b = world_size, cfg.train.batch_size
-    state = {"sgd": 0, "adagrad": None, "rowwise_adagrad": 4, "adam": None}[cfg.train.sparse_optimizer]
     out: dict[str, HotRowChoice] = {}
     for t in cfg.model.tables:
-        tp = plan[t.name]
-        if tp.sharding.value not in HOT_SHARDINGS or t.pooling != "sum" or t.num_rows < 2:
-            continue
-        if cache_factor(t, cfg.storage, tp.cache_load_factor) < 1:
+        if t.num_rows < 2 or hot_row_refusal(t, plan[t.name], cfg.storage):
             continue
         alpha = t.zipf_alpha if t.zipf_alpha is not None else cfg.data.zipf_alpha
         ids = b * t.pooling_factor * len(t.feature_names)
         per_id = 8  # an int64 id (weighted features add 4 B of weight: not modelled)
-        row_state = t.dim * 4 * (2 if cfg.train.sparse_optimizer == "adam" else 1) if state is None else state
+        row_state = state_bytes_per_row(t.dim, cfg.train.sparse_optimizer)
 
         def choice(k: int) -> HotRowChoice:
             c = zipf_coverage(k, t.num_rows, alpha)

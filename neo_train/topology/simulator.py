@@ -184,7 +184,15 @@ class SimResult:
 
     def busy_time(self, kind: str) -> float:
         """Seconds during which at least one phase of ``kind`` ('compute', 'all_to_all', ...) runs."""
-        spans = sorted((p.start, p.end) for p in self.phases if p.kind == kind and p.end > p.start)
+        return self._union_seconds(lambda p: p.kind == kind)
+
+    def comm_busy_time(self) -> float:
+        """Seconds during which at least one communication phase (any kind but 'compute') runs."""
+        return self._union_seconds(lambda p: p.kind != "compute")
+
+    def _union_seconds(self, keep) -> float:
+        """Length of the union of the kept phases' [start, end) intervals."""
+        spans = sorted((p.start, p.end) for p in self.phases if keep(p) and p.end > p.start)
         busy, cur_s, cur_e = 0.0, None, None
         for s, e in spans:
             if cur_e is None or s > cur_e:

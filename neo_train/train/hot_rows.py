@@ -30,7 +30,7 @@ class HotRowSchedule:
         if window < 1:
             raise ValueError(f"hot-row profiling window must be >= 1 steps, got {window}")
         self.emb, self.window = emb, window
-        self.k: dict[str, int] = dict(emb._hot_k)
+        self.k: dict[str, int] = {t: ids.numel() for t, ids in emb.hot_rows.items()}
         cfg = emb.model_cfg
         self.rows = {t: cfg.table(t).num_rows for t in self.k}
         self.features = {t: cfg.table(t).feature_names for t in self.k}
