@@ -353,7 +353,7 @@ def test_a_trace_smaller_than_a_node_simulates(tmp_path, capsys, network, nodes)
 
 
 def test_trace_cluster_shape_rules_and_errors():
-    from neo_train.topology.study import trace_cluster_shape
+    from neo_train.topology.trace_sim import trace_cluster_shape
 
     assert trace_cluster_shape(4, 8) == (1, 4)  # fewer ranks than a node's GPUs: one node of them
     assert trace_cluster_shape(16, 8) == (2, 8)  # a multiple: the topology's nodes

@@ -18,21 +18,13 @@ Prints the timeline with each collective's lower bound beside its simulated time
 all-reduce vs all-to-all byte shares; ``--out DIR`` writes timeline.csv and summary.json.
 ``simulate_command`` returns the exit status; ``add_simulate_arguments`` fills a subparser.
 
-``--trace``: the cluster follows the trace (``trace_cluster_shape``): GPUs per node = the largest
-divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU topology is one
-node of 4), nodes = the nodes the ranks fill (Opera: its smallest study layout, 16 / 128 / 1024,
-that holds them); an explicit --gpus-per-node must divide the world size and an explicit --nodes
-must hold the ranks, else a ValueError naming the flags. ``--compute`` takes the trace's phase
-markers (seconds of compute before each run of that marker's collectives); neo_train's traces
-carry input_dist, output_dist, output_dist_bwd, dense_allreduce, metrics, ...; a name the trace
-lacks is an error listing the ones it has.
+``--trace``: a recorded trace instead (``trace_sim``).
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -40,56 +32,14 @@ from typing import Any
 
 from ..config import nonnegative_float, positive_float, positive_int
 from .collectives import ALL_REDUCE_ALGORITHMS
-from .fattree import ROUTINGS, FatTree
-from .flat import FlatNetwork
-from .network import Network
-from .opera import OperaNetwork
+from .fattree import ROUTINGS
+from .networks import NETWORKS, cluster_for, make_network
 from .simulator import SimResult, simulate
-from .spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+from .spec import CLUSTER_PRESETS, ClusterSpec
 from .workload import PLACEMENTS, IterationSpec, build_iteration, opera_model_a
 
 __all__ = ["add_simulate_arguments", "simulate_command", "make_network", "run_iteration", "NETWORKS",
-           "cluster_for", "model_for", "trace_cluster_shape"]
-
-NETWORKS = ("opera", "fattree", "flat")
-_NETS: dict = {}
-
-
-def make_network(kind: str, cluster: ClusterSpec, *, bulk_threshold: float = 0.0, vlb: bool = True,
-                 seed: int = 0, k: int | None = None, routing: str = "spray") -> Network:
-    """The network of ``cluster.nodes`` hosts, each with the cluster's NIC, GPUs and intra-node
-    bandwidth, and its inter-node latency per hop. Opera: the study's rack layout for 16 / 128 /
-    1024 nodes, else ``k`` ToR ports; fat-tree: ``routing`` spray or ecmp. Cached: an Opera
-    schedule search takes up to seconds."""
-    key = (kind, cluster, bulk_threshold, vlb, seed, k, routing)
-    if key in _NETS:
-        return _NETS[key]
-    common = dict(host_bandwidth=cluster.inter_node_bandwidth, hop_latency=cluster.inter_node_latency,
-                  devices_per_host=cluster.devices_per_node,
-                  intra_bandwidth=cluster.intra_node_bandwidth)
-    if kind == "flat":
-        net: Network = FlatNetwork(cluster.nodes, **common)
-    elif kind == "fattree":
-        net = FatTree(cluster.nodes, k=k, routing=routing, seed=seed, **common)
-    elif kind == "opera":
-        net = OperaNetwork.from_nodes(cluster.nodes, k=k, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, **common)
-    else:
-        raise ValueError(f"network must be one of {NETWORKS}, got {kind!r}")
-    _NETS[key] = net
-    if len(_NETS) > 16:
-        _NETS.pop(next(iter(_NETS)))
-    return net
-
-
-def cluster_for(topology: str, nodes: int, gpus_per_node: int | None = None, **overrides: Any) -> ClusterSpec:
-    """A cluster preset (or TOML file) with ``nodes`` (and optionally GPUs per node) replaced. An
-    Opera-study-style cluster keeps one NIC per node: devices_per_nic follows the GPUs."""
-    spec = preset_cluster(topology) if topology in CLUSTER_PRESETS else ClusterSpec.load(topology)
-    G = gpus_per_node or spec.devices_per_node
-    per_nic = G if spec.devices_per_nic == spec.devices_per_node else spec.devices_per_nic
-    return spec.replace(nodes=nodes, devices_per_node=G, devices_per_nic=per_nic,
-                        **{k: v for k, v in overrides.items() if v is not None})
-
+           "cluster_for", "model_for"]
 
 def model_for(name: str, tables: int | None = None):
     """'opera_model_a' (the study's Model-A, ``tables`` of them) or a config preset's model."""
@@ -175,56 +125,6 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="write timeline.csv and summary.json here")
 
 
-def trace_cluster_shape(world: int, default_gpus: int, *, nodes: int | None = None, gpus_per_node: int | None = None,
-                        network: str = "fattree") -> tuple[int, int]:
-    """(nodes, GPUs per node) for simulating a trace of ``world`` ranks (rank r on node r // G).
-
-    G: ``gpus_per_node`` when given (it must divide ``world``), else the largest divisor of
-    ``world`` up to ``default_gpus`` (the topology's): a trace recorded on one machine with fewer
-    ranks than the topology's GPUs per node is one node of ``world`` GPUs; a multiple of the
-    topology's keeps it. Nodes: ``nodes`` when given (it must hold world // G nodes), else
-    world // G (Opera: the smallest of its study layouts, 16 / 128 / 1024, that holds them).
-    Inconsistent explicit values are a one-line ValueError naming the flags."""
-    if world < 1:
-        raise ValueError(f"the trace's world size must be >= 1, got {world}")
-    if gpus_per_node is not None:
-        G = gpus_per_node
-        if world % G:
-            raise ValueError(f"--gpus-per-node {G} does not divide the trace's world size {world} (rank r runs on node "
-                             f"r // {G}); give a divisor of {world}, or leave --gpus-per-node out to derive it")
-    else:
-        G = max(d for d in range(1, min(default_gpus, world) + 1) if world % d == 0)
-    need = world // G
-    if nodes is not None:
-        if nodes < need:
-            how = f"--gpus-per-node {G}" if gpus_per_node is not None else f"{G} GPUs per node (derived from the trace)"
-            raise ValueError(f"--nodes {nodes} is too few for the trace: its {world} ranks at {how} need {need} nodes")
-        return nodes, G
-    if network == "opera":
-        from .opera import OPERA_PRESETS
-
-        return next((n for n in sorted(OPERA_PRESETS) if n >= need), need), G
-    return need, G
-
-
-def _parse_compute(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for part in filter(None, (x.strip() for x in text.split(","))):
-        if "=" not in part:
-            raise ValueError(f"--compute: expected marker=seconds, got {part!r}")
-        k, v = (x.strip() for x in part.rsplit("=", 1))
-        try:
-            sec = float(v)
-        except ValueError:
-            raise ValueError(f"--compute: {k}={v!r} is not a number of seconds") from None
-        if not math.isfinite(sec):
-            raise ValueError(f"--compute: {k}={v}: seconds must be a finite number, got {v}")
-        if sec < 0:
-            raise ValueError(f"--compute: {k}={v}: seconds must be >= 0, got {v}")
-        out[k] = sec
-    return out
-
-
 def _check_out_dir(out: Path) -> None:
     """``--out``: a directory, or a path one can create as one (checked before simulating)."""
     if out.exists():
@@ -254,27 +154,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise ValueError("--compute applies to --trace only (a model's compute comes from its roofline)")
     t0 = time.perf_counter()
     if args.trace:
-        from .trace_input import check_compute_markers, load_trace, trace_markers, trace_phases, trace_world_size
+        from .trace_sim import simulate_trace
 
-        compute = _parse_compute(args.compute)
-        traces = load_trace(args.trace)
-        world = trace_world_size(traces)
-        check_compute_markers(trace_markers(traces), compute, "--compute")
-        default_gpus = cluster_for(args.topology, 1).devices_per_node
-        nodes, G = trace_cluster_shape(world, default_gpus, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                                       network=args.network)
-        cluster = cluster_for(args.topology, nodes, G, **overrides)
-        derived = "" if args.gpus_per_node else f" (GPUs per node derived from the trace; the topology has {default_gpus})"
-        print(f"trace: {world} ranks on {world // G} node(s) of {G} GPUs{derived}")
-        ar = "ring" if args.allreduce == "auto" and args.network != "opera" else (
-            "dps" if args.allreduce == "auto" else args.allreduce)
-        net = make_network(args.network, cluster, bulk_threshold=thr, vlb=not args.no_vlb, seed=args.seed,
-                           routing=args.routing)
-        net.hosts_for(world)  # a clear error when the trace needs more hosts
-        phases = trace_phases(traces, G, compute, allreduce=ar)
-        res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact)
-        row: dict[str, Any] = {"trace": str(args.trace), "nodes": cluster.nodes, "network": args.network,
-                               "allreduce": ar, "iteration_s": res.total, **res.totals()}
+        res, row, cluster = simulate_trace(args, overrides, thr)
     else:
         cluster = cluster_for(args.topology, args.nodes or 128, args.gpus_per_node, **overrides)
         model = model_for(args.model, args.tables)

@@ -1,0 +1,55 @@
+"""The simulated network of a cluster: ``make_network`` (flat / fat-tree / Opera, cached) and
+``cluster_for`` (a preset or TOML cluster with its nodes and GPUs per node replaced).
+
+    net = make_network("opera", cluster_for("opera_study", 128))
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .fattree import FatTree
+from .flat import FlatNetwork
+from .network import Network
+from .opera import OperaNetwork
+from .spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+
+__all__ = ["NETWORKS", "make_network", "cluster_for"]
+
+NETWORKS = ("opera", "fattree", "flat")
+_NETS: dict = {}
+
+
+def make_network(kind: str, cluster: ClusterSpec, *, bulk_threshold: float = 0.0, vlb: bool = True,
+                 seed: int = 0, k: int | None = None, routing: str = "spray") -> Network:
+    """The network of ``cluster.nodes`` hosts, each with the cluster's NIC, GPUs and intra-node
+    bandwidth, and its inter-node latency per hop. Opera: the study's rack layout for 16 / 128 /
+    1024 nodes, else ``k`` ToR ports; fat-tree: ``routing`` spray or ecmp. Cached: an Opera
+    schedule search takes up to seconds."""
+    key = (kind, cluster, bulk_threshold, vlb, seed, k, routing)
+    if key in _NETS:
+        return _NETS[key]
+    common = dict(host_bandwidth=cluster.inter_node_bandwidth, hop_latency=cluster.inter_node_latency,
+                  devices_per_host=cluster.devices_per_node,
+                  intra_bandwidth=cluster.intra_node_bandwidth)
+    if kind == "flat":
+        net: Network = FlatNetwork(cluster.nodes, **common)
+    elif kind == "fattree":
+        net = FatTree(cluster.nodes, k=k, routing=routing, seed=seed, **common)
+    elif kind == "opera":
+        net = OperaNetwork.from_nodes(cluster.nodes, k=k, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, **common)
+    else:
+        raise ValueError(f"network must be one of {NETWORKS}, got {kind!r}")
+    _NETS[key] = net
+    if len(_NETS) > 16:
+        _NETS.pop(next(iter(_NETS)))
+    return net
+
+
+def cluster_for(topology: str, nodes: int, gpus_per_node: int | None = None, **overrides: Any) -> ClusterSpec:
+    """A cluster preset (or TOML file) with ``nodes`` (and optionally GPUs per node) replaced. An
+    Opera-study-style cluster keeps one NIC per node: devices_per_nic follows the GPUs."""
+    spec = preset_cluster(topology) if topology in CLUSTER_PRESETS else ClusterSpec.load(topology)
+    G = gpus_per_node or spec.devices_per_node
+    per_nic = G if spec.devices_per_nic == spec.devices_per_node else spec.devices_per_nic
+    return spec.replace(nodes=nodes, devices_per_node=G, devices_per_nic=per_nic,
+                        **{k: v for k, v in overrides.items() if v is not None})
