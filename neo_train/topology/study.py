@@ -36,6 +36,7 @@ from .fattree import ROUTINGS
 from .networks import NETWORKS, cluster_for, make_network
 from .simulator import SimResult, simulate
 from .spec import CLUSTER_PRESETS, ClusterSpec
+from .trace_sim import add_trace_arguments, simulate_trace
 from .workload import PLACEMENTS, IterationSpec, build_iteration, opera_model_a
 
 __all__ = ["add_simulate_arguments", "simulate_command", "make_network", "run_iteration", "NETWORKS",
@@ -115,11 +116,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=PLACEMENTS, default="planner", help="how tables are placed")
     p.add_argument("--any-sharding", action="store_true",
                    help="let the planner use every sharding type (default: whole tables only, as the study)")
-    p.add_argument("--trace", type=Path, help="simulate a recorded param comms trace (dir or JSON) instead")
-    p.add_argument("--compute", default="",
-                   help="with --trace: seconds of compute before each run of a phase marker's collectives, e.g. "
-                        "output_dist=0.002,output_dist_bwd=0.01,dense_allreduce=0.005 (neo_train's markers; a name "
-                        "the trace lacks is an error listing its markers)")
+    add_trace_arguments(p)
     p.add_argument("--exact", action="store_true", help="every flow alone, no fast-forward (slow; a check)")
     p.add_argument("--seed", type=int, default=0, help="Opera schedule search seed")
     p.add_argument("--out", type=Path, help="write timeline.csv and summary.json here")
@@ -154,8 +151,6 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise ValueError("--compute applies to --trace only (a model's compute comes from its roofline)")
     t0 = time.perf_counter()
     if args.trace:
-        from .trace_sim import simulate_trace
-
         res, row, cluster = simulate_trace(args, overrides, thr)
     else:
         cluster = cluster_for(args.topology, args.nodes or 128, args.gpus_per_node, **overrides)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 from .networks import cluster_for, make_network
@@ -20,7 +21,16 @@ from .simulator import SimResult, simulate
 from .spec import ClusterSpec
 from .trace_input import check_compute_markers, load_trace, trace_markers, trace_phases, trace_world_size
 
-__all__ = ["simulate_trace", "trace_cluster_shape"]
+__all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape"]
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``neo-train simulate`` flags of trace mode."""
+    p.add_argument("--trace", type=Path, help="simulate a recorded param comms trace (dir or JSON) instead")
+    p.add_argument("--compute", default="",
+                   help="with --trace: seconds of compute before each run of a phase marker's collectives, e.g. "
+                        "output_dist=0.002,output_dist_bwd=0.01,dense_allreduce=0.005 (neo_train's markers; a name "
+                        "the trace lacks is an error listing its markers)")
 
 
 def trace_cluster_shape(world: int, default_gpus: int, *, nodes: int | None = None, gpus_per_node: int | None = None,
