@@ -85,6 +85,12 @@ class SparseOptimizerSpec:
         if self.lr < 0 or self.eps <= 0:
             raise ValueError(f"sparse optimizer: lr must be >= 0 and eps > 0 (lr={self.lr}, eps={self.eps})")
 
+    @classmethod
+    def from_train(cls, train) -> "SparseOptimizerSpec":
+        """The spec a training config asks for (``config.TrainConfig``: sparse_optimizer,
+        sparse_lr, eps, weight_decay)."""
+        return cls(kind=train.sparse_optimizer, lr=train.sparse_lr, eps=train.eps, weight_decay=train.weight_decay)
+
 
 def state_shapes(kind: str, rows: int, dim: int) -> dict[str, tuple[int, ...]]:
     """Optimizer state tensors a table of (rows, dim) carries under ``kind``."""

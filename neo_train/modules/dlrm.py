@@ -26,6 +26,8 @@ class DLRM(nn.Module):
         self.cfg = cfg
         self.num_dense = cfg.num_dense_features
         dims = list(feature_dims) if feature_dims is not None else [t.dim for t in cfg.tables for _ in t.feature_names]
+        self.feature_dims: tuple[int, ...] = tuple(dims)
+        """Width of each feature's pooled embedding, in feature order (what the interaction expects)."""
         self.bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp)
         self.embeddings = embeddings
         self.interaction = make_interaction(cfg.interaction, cfg.bottom_mlp[-1], dims, cfg.dcn_num_layers, cfg.dcn_low_rank)

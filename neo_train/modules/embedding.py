@@ -93,8 +93,9 @@ class EmbeddingBagCollection(nn.Module):
             device=device,
             seed=seed,
         )
-        for ti, t in enumerate(self.tables):
-            init_kernel_table(self.kernel, ti, seed, ti, t, 0, t.num_rows, 0, t.dim)
+        if torch.device(device).type != "meta":  # on meta: shapes only (a model to be sharded)
+            for ti, t in enumerate(self.tables):
+                init_kernel_table(self.kernel, ti, seed, ti, t, 0, t.num_rows, 0, t.dim)
         self.kernel.check_ids = False  # validate() checks the ids, naming the feature
         self._rows = [self.tables[t].num_rows for t in feature_table_map]
         # False when the caller (the trainer) validates batches on the host before the device copy

@@ -1,10 +1,18 @@
-"""Model parallelism for a DLRM: tables sharded by a plan, the dense part replicated under DDP.
+"""Model parallelism for a DLRM: a transform applied to a plain model — its embedding collection
+is swapped for one sharded by a plan, its dense part replicated under DDP.
 
-    model = DistributedModelParallel(cfg, plan, comm)
+    model = DLRM(cfg.model, EmbeddingBagCollection(cfg.model.tables, spec, device="meta"))  # plain
+    model = shard_model(model, plan, comm, cfg)   # or DistributedModelParallel(cfg, plan, comm)
     logits = model(dense, sparse)          # this rank's b samples
     loss.backward()                        # embedding rows updated inside; dense grads averaged
     dense_opt.step()
     tables = model.gather_state_dict()     # full logical tables on every rank (collective)
+
+The model (``modules.DLRM``) knows nothing of distribution: the sharded collection's forward
+returns pooled embeddings still in flight (a tensor-like awaitable that waits on first use), so
+the all-to-all overlaps the bottom MLP; the pipeline resolves the rest. The plain model's own
+collection only gives the shapes (build it on the meta device: no table is allocated); the
+sharded one is initialised from ``cfg.train.seed`` exactly as the unsharded model's tables.
 
 Gradient-scaling convention (what makes sharded training equal unsharded training on the
 concatenated W*b batch): each rank's loss is the mean over its b samples; DDP averages dense
@@ -25,11 +33,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..comm import CollectiveError, Communicator
 from ..config import Config
 from ..data.batch import SparseFeatures
+from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM
+from ..modules.embedding import EmbeddingBagCollection
 from ..sharding.collection import ShardedEmbeddingBagCollection
 from ..sharding.plan import ShardingPlan
 
-__all__ = ["DistributedModelParallel"]
+__all__ = ["DistributedModelParallel", "shard_model", "plain_dlrm"]
 
 
 def _is_backend_error(e: BaseException) -> bool:
@@ -44,6 +54,22 @@ def _allreduce_hook(comm: Communicator, bucket):  # -> Future[Tensor] (DDP rejec
     return handle.future()
 
 
+def plain_dlrm(cfg: Config) -> DLRM:
+    """The unsharded DLRM of ``cfg.model`` with its embedding collection on the meta device (shapes
+    only), dense parameters drawn from ``cfg.train.seed`` as ``train.build_model`` draws them."""
+    torch.manual_seed(cfg.train.seed)
+    ebc = EmbeddingBagCollection(cfg.model.tables, SparseOptimizerSpec.from_train(cfg.train), backend="reference",
+                                 device="meta", seed=cfg.train.seed, id_mode=cfg.data.id_mode)
+    return DLRM(cfg.model, ebc, ebc.feature_dims)
+
+
+def shard_model(model: DLRM, plan: ShardingPlan, comm: Communicator, cfg: Config, **kw) -> "DistributedModelParallel":
+    """``model`` (a plain DLRM) with its embeddings sharded by ``plan`` and its dense part under
+    DDP; ``cfg`` gives the sparse optimizer, kernel backend, seed, exchange codecs, id mode and
+    storage; ``kw``: device, backend, timer, hot_rows (see ``DistributedModelParallel``)."""
+    return DistributedModelParallel(cfg, plan, comm, model=model, **kw)
+
+
 class DistributedModelParallel(nn.Module):
     def __init__(
         self,
@@ -51,21 +77,24 @@ class DistributedModelParallel(nn.Module):
         plan: ShardingPlan,
         comm: Communicator,
         *,
+        model: DLRM | None = None,
         device: torch.device | str = "cpu",
         backend: str | None = None,
         timer=None,
         hot_rows: dict[str, int] | None = None,
     ) -> None:
+        """Shard ``model`` (default: ``plain_dlrm(cfg)``) by ``plan`` over ``comm``: its embedding
+        collection is replaced by a ``ShardedEmbeddingBagCollection`` (tables initialised from
+        ``cfg.train.seed``), its dense part moved to ``device`` and wrapped in DDP."""
         super().__init__()
-        from ..train.trainer import sparse_optimizer_spec
-
         self.comm = comm
-        torch.manual_seed(cfg.train.seed)  # dense init as in the unsharded model, on every rank
+        if model is None:
+            model = plain_dlrm(cfg)
         ebc = ShardedEmbeddingBagCollection(
             cfg.model,
             plan,
             comm,
-            sparse_optimizer_spec(cfg.train),
+            SparseOptimizerSpec.from_train(cfg.train),
             backend=backend or cfg.train.kernel_backend,
             device=device,
             seed=cfg.train.seed,
@@ -76,7 +105,11 @@ class DistributedModelParallel(nn.Module):
             storage=cfg.storage,
             hot_rows=hot_rows,
         )
-        self.module = DLRM(cfg.model, ebc, ebc.feature_dims).to(device)
+        if tuple(ebc.feature_dims) != tuple(model.feature_dims):
+            raise ValueError(f"the model's interaction expects feature widths {tuple(model.feature_dims)}, the plan's "
+                             f"sharded collection gives {tuple(ebc.feature_dims)} (features {ebc.feature_names})")
+        model.embeddings = ebc
+        self.module = model.to(device)
         self.embeddings = ebc
         if comm.world_size > 1:
             # the sharded tables are buffers DDP must neither broadcast nor sync
