@@ -79,6 +79,7 @@ def test_plain_dlrm_draws_the_unsharded_models_dense_init():
 
 def _mismatch(comm):
     cfg = _cfg()
+    cfg = cfg.replace(model=cfg.model.replace(interaction="cat"))  # any widths (dot needs them all equal)
     plan = ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size)
     wrong = DLRM(cfg.model, torch.nn.Identity(), [t.dim + 1 for t in cfg.model.tables for _ in t.feature_names])
     with pytest.raises(ValueError, match="feature widths"):
