@@ -359,7 +359,9 @@ class DistConfig(_Replace):
         _check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
         _check(self.hosts_per_rack >= 0, "dist.hosts_per_rack", f"must be >= 0, got {self.hosts_per_rack}")
         if self.collective_rules:
-            from .comm.executor import parse_rules  # imports torch; only when rules are given
+            # here, not at the top: the import loads the neo_train.comm package (torch), whose
+            # replay module imports this one
+            from .comm.schedules.rules import parse_rules
 
             try:
                 parse_rules(self.collective_rules)

@@ -8,6 +8,8 @@
 codecs see rows: x (n, *S) goes as (n, prod S). A flat all-to-all (1-D x, splits counted in
 values) whose segments are rows of differing widths passes ``widths`` = (in, out) row width per
 segment, so a row-scaled codec scales each row; without it a 1-D x is rows of one value.
+reduce_scatter_v is the communicator's default one (``reduce_scatter_by_all_to_all``) with the
+codec on its wire: encoded segments, decoded before the sum.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 
 from .awaitable import Pending
 from .codecs import Codec
-from .interface import Communicator
+from .interface import Communicator, reduce_scatter_by_all_to_all
 
 __all__ = ["all_to_all_v", "reduce_scatter_v", "all_gather_v", "all_to_all_v_async", "Pending"]
 
@@ -58,13 +60,6 @@ def _a2a(comm: Communicator, x: torch.Tensor, ins, outs, codec: Codec, tag: str,
     return decode(got)
 
 
-def _rs(comm: Communicator, x: torch.Tensor, splits, codec: Codec, tag: str) -> torch.Tensor:
-    W, mine = comm.world_size, list(splits)[comm.rank]
-    # all-to-all of the (encoded) segments, then the sum in float32 on the receiver
-    parts = _a2a(comm, x, splits, [mine] * W, codec, tag).view(W, mine, *x.shape[1:])
-    return parts.sum(dim=0)
-
-
 def _ag(comm: Communicator, x: torch.Tensor, sizes, codec: Codec, tag: str) -> torch.Tensor:
     y = comm.all_gather_v(codec.encode(_rows(x)), sizes, tag=tag)
     return codec.decode(y, x.dtype).view(y.shape[0], *x.shape[1:])
@@ -86,7 +81,7 @@ class _ReduceScatterV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, splits, fwd, bwd, tag):  # type: ignore[override]
         ctx.comm, ctx.splits, ctx.bwd, ctx.tag = comm, splits, bwd, tag
-        return _rs(comm, x, splits, fwd, tag)
+        return reduce_scatter_by_all_to_all(comm, x, splits, tag=tag, codec=fwd)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
@@ -101,7 +96,8 @@ class _AllGatherV(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        return _rs(ctx.comm, g.contiguous(), ctx.sizes, ctx.bwd, ctx.tag + "_bwd"), None, None, None, None, None
+        gx = reduce_scatter_by_all_to_all(ctx.comm, g.contiguous(), ctx.sizes, tag=ctx.tag + "_bwd", codec=ctx.bwd)
+        return gx, None, None, None, None, None
 
 
 def all_to_all_v(

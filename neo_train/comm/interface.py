@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-__all__ = ["Communicator", "Handle", "CollectiveError", "check_splits"]
+if TYPE_CHECKING:
+    from .codecs import Codec
+
+__all__ = ["Communicator", "Handle", "CollectiveError", "check_splits", "reduce_scatter_by_all_to_all"]
 
 
 class CollectiveError(RuntimeError):
@@ -99,22 +103,9 @@ class Communicator(ABC):
     def reduce_scatter_v(
         self, x: torch.Tensor, splits: Sequence[int], *, async_op: bool = False, tag: str = ""
     ) -> torch.Tensor | Handle:
-        """Default: one all-to-all of the segments, then a local sum in rank order.
-
-        Each rank sends segment j to rank j and receives W copies of its own segment, summed in
-        rank order (so every run sums in the same order: deterministic). Backends with a native
-        reduce-scatter may override.
-        """
-        W = self.world_size
-        s = check_splits("reduce_scatter_v", splits, W, x.shape[0])
-        mine = s[self.rank]
-        h = self.all_to_all_v(x, s, [mine] * W, async_op=True, tag=tag)
-
-        def finish() -> torch.Tensor:
-            parts = h.wait().view(W, mine, *x.shape[1:])
-            return parts.sum(dim=0) if W > 1 else parts[0].clone()
-
-        return Handle(finish) if async_op else finish()
+        """Default: ``reduce_scatter_by_all_to_all``. Backends with a native reduce-scatter may
+        override."""
+        return reduce_scatter_by_all_to_all(self, x, splits, async_op=async_op, tag=tag)
 
     def split_sizes(self, my_sizes: Sequence[int], *, tag: str = "") -> list[int]:
         """Exchange per-peer counts: returns how many rows each peer will send to this rank.
@@ -131,3 +122,29 @@ class Communicator(ABC):
     @abstractmethod
     def subgroup(self, ranks: Sequence[int]) -> "Communicator":
         """A communicator over ``ranks`` (global rank numbers); every rank must call it."""
+
+
+def reduce_scatter_by_all_to_all(
+    comm: Communicator, x: torch.Tensor, splits: Sequence[int], *, async_op: bool = False, tag: str = "",
+    codec: "Codec | None" = None,
+) -> torch.Tensor | Handle:
+    """reduce_scatter_v as one all-to-all of the segments, then a local sum in rank order.
+
+    Each rank sends segment j to rank j and receives W copies of its own segment, summed in rank
+    order (so every run sums in the same order: deterministic). With ``codec`` the segments cross
+    the wire encoded (as rows: x (n, *S) goes as (n, prod S)) and are decoded to x's dtype before
+    the sum, which is why a quantized reduce-scatter cannot use a backend's native one.
+    """
+    W = comm.world_size
+    s = check_splits("reduce_scatter_v", splits, W, x.shape[0])
+    mine = s[comm.rank]
+    wire = x if codec is None else codec.encode(x.reshape(x.shape[0], math.prod(x.shape[1:]))).contiguous()
+    got = comm.all_to_all_v(wire, s, [mine] * W, async_op=async_op, tag=tag)
+
+    def finish(y: torch.Tensor) -> torch.Tensor:
+        if codec is not None:
+            y = codec.decode(y, x.dtype)
+        parts = y.view(W, mine, *x.shape[1:])
+        return parts.sum(dim=0) if W > 1 else parts[0].clone()
+
+    return Handle(lambda: finish(got.wait())) if async_op else finish(got)

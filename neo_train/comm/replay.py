@@ -10,7 +10,7 @@ creates them alike); the lowest-numbered group spanning every rank is the commun
 
 ``replay_command`` runs under torchrun (one process per trace file: RANK/WORLD_SIZE in the
 environment) or, outside torchrun, spawns one local gloo process per trace file itself with
-``neo_train.testing.run_ranks`` (CPU; fine for checking and comparing algorithms on one host).
+``neo_train.comm.spawn.run_ranks`` (CPU; fine for checking and comparing algorithms on one host).
 Before anything runs, the traces are checked against each other (the same collectives in the same
 order on each group's members, all-to-all splits that match between sender and receiver), so a
 bad set of traces is an error naming the file and entry, not a hang.
@@ -263,12 +263,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _hint(args: argparse.Namespace):
-    from .executor import _parse_bytes
     from .schedules import TopologyHint
+    from .schedules.rules import parse_bytes
 
     lws = args.local_world_size or (int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None)
     try:
-        bulk = int(_parse_bytes(str(args.bulk_threshold)))
+        bulk = int(parse_bytes(str(args.bulk_threshold)))
     except ValueError:
         raise ValueError(f"--bulk-threshold: cannot read size {args.bulk_threshold!r} (e.g. 0, 65536, 64KB, 15MB)") from None
     return TopologyHint(local_world_size=lws, hosts_per_rack=args.hosts_per_rack, bulk_threshold_bytes=bulk)
@@ -293,7 +293,7 @@ def _replay_rank(comm: Communicator, paths: list[str], rules: str, hint, iters: 
 def replay_command(args: argparse.Namespace) -> int:
     """``neo-train replay``: under torchrun each process replays its rank's file; otherwise one
     local gloo process per file is spawned here. Rank 0 prints its report; --json gets all."""
-    from .executor import parse_rules
+    from .schedules.rules import parse_rules
 
     paths = [str(p) for p in resolve_traces(args.traces)]
     parse_rules(args.rules)  # fail on bad rules before starting processes
@@ -320,7 +320,7 @@ def replay_command(args: argparse.Namespace) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(gathered, indent=1))
         return 0
-    from ..testing import run_ranks
+    from .spawn import run_ranks
 
     W = len(paths)
     lws = hint.local_world_size if hint.local_world_size and W % hint.local_world_size == 0 else None

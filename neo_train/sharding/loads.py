@@ -7,7 +7,7 @@ collectives, so TW, CW and TWCW pay separate all-to-alls even though they move d
 State (W ranks, N nodes):
     hbm_fwd, hbm_bwd, mem    (W,) bytes of lookup traffic, update traffic, resident memory
     inp[g]                   input all-to-all of group g: per-peer bytes owned per rank (W,),
-                             their per-node sums (N,) and world total (see cost_model.a2a_time)
+                             their per-node sums (N,) and world total (see cost_formulas.a2a_time)
     out[g]  g in TW/CW/TWCW  output all-to-all, in elements b*D_s per peer (times the wire bytes)
     rw_width                 sum b*D*F of the RW group: every rank's reduce-scatter share
     twrw_node                (N,) sum b*D*F of each node's TWRW tables
@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from ..config import ModelConfig
-from .cost_model import (
+from .cost_formulas import (
     CostContext,
     CostEstimate,
     a2a_time,
@@ -323,7 +323,7 @@ class RankLoads:
         self.total = hbm + sum(self._ctime.values()) + self._dp_time + self.dense_compute + self.dense_allreduce
 
     def phases(self) -> dict[str, np.ndarray]:
-        """(W,) seconds per phase (the PHASES of cost_model)."""
+        """(W,) seconds per phase (the PHASES of cost_formulas)."""
         c, W, nd = self.c, self.W, self.node_of
         inp = np.zeros(W)
         for g, ch in self.inp.items():

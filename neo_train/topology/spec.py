@@ -262,7 +262,7 @@ def measure_cpu_local(world_size: int = 2, mb: int = 16) -> dict[str, float]:
         best = min(best, time.perf_counter() - t)
     out["device_flops"] = 2 * 1024**3 / best
 
-    from ..testing import run_ranks
+    from ..comm.spawn import run_ranks  # an arrow up, pending: tests/test_layers.py KNOWN_VIOLATIONS
 
     per_rank = run_ranks(_loopback_probe, world_size, mb)
     out["loopback_bandwidth"] = min(r[0] for r in per_rank)
