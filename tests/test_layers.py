@@ -54,9 +54,6 @@ NO_TORCH_DISTRIBUTED = ("topology", "planning")  # groups that must run without 
 TESTING = "neo_train.testing"
 
 KNOWN_VIOLATIONS: dict[str, str] = {
-    "neo_train/topology/spec.py -> neo_train/comm/spawn.py": (
-        "issue 15, pending: measure_cpu_local (it spawns gloo ranks) moves out of topology/spec.py, "
-        "and topology/__init__.py stops re-exporting it"),
     "neo_train/topology/workload.py -> neo_train/sharding/cost_model.py": (
         "issue 15, pending: the topology/workload.py -> planner arrow"),
     "neo_train/topology/workload.py -> neo_train/sharding/planner.py": (

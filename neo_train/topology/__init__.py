@@ -5,10 +5,10 @@ from .fattree import FatTree
 from .flat import FlatNetwork
 from .opera import OperaNetwork
 from .simulator import Comm, Compute, SimResult, Transfer, simulate
-from .spec import CLUSTER_PRESETS, ClusterSpec, measure_cpu_local, preset_cluster
+from .spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
 
 __all__ = [
-    "ClusterSpec", "CLUSTER_PRESETS", "preset_cluster", "measure_cpu_local",
+    "ClusterSpec", "CLUSTER_PRESETS", "preset_cluster",
     "FlatNetwork", "FatTree", "OperaNetwork",
     "Transfer", "Comm", "Compute", "SimResult", "simulate",
     "all_to_all", "ring_all_reduce", "dps_all_reduce", "hierarchical_all_reduce", "all_reduce",

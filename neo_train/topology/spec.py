@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ClusterSpec", "CLUSTER_PRESETS", "preset_cluster", "measure_cpu_local"]
+__all__ = ["ClusterSpec", "CLUSTER_PRESETS", "preset_cluster"]
 
 GB = 1e9
 GiB = 1 << 30
@@ -194,7 +194,7 @@ def _opera_study() -> ClusterSpec:
 
 def _cpu_local() -> ClusterSpec:
     # This development machine (2-core Xeon VM, 23 GiB RAM): gloo ranks on one host, one thread
-    # each. Numbers from measure_cpu_local() and benchmarks/embedding.py run here, rounded:
+    # each. Numbers from comm.probe.measure_cpu_local() and benchmarks/embedding.py run here, rounded:
     #   memory      copy 6-17 GB/s (it varies with the other load on the VM), but the fused
     #               embedding kernels gather rows at 1.2-1.9 GB/s forward (embedding.py,
     #               modelA100 slice, 20k-row tables): lookups and updates are priced at an
@@ -226,71 +226,3 @@ def preset_cluster(name: str, **overrides: Any) -> ClusterSpec:
         raise ValueError(f"unknown topology '{name}' (known: {', '.join(CLUSTER_PRESETS)})")
     spec = _PRESETS[name]()
     return spec.replace(**overrides) if overrides else spec
-
-
-# ---- measuring this machine ---------------------------------------------------------------------
-
-def measure_cpu_local(world_size: int = 2, mb: int = 16) -> dict[str, float]:
-    """Measure what ``cpu_local`` hard-codes: memory bandwidth (copy), one-thread matmul FLOP/s,
-    and gloo loopback all-to-all bandwidth and latency between ``world_size`` local ranks.
-
-    Slow-ish (a few seconds: it spawns ranks) and machine-dependent: for a preset's comments,
-    not for planning.
-    """
-    import time
-
-    import numpy as np
-
-    out: dict[str, float] = {}
-    a = np.ones(32 << 20, dtype=np.float64)  # 256 MB
-    b = np.empty_like(a)
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    out["memory_bandwidth"] = 2 * a.nbytes / best  # read + write
-
-    import torch
-
-    torch.set_num_threads(1)
-    x = torch.randn(1024, 1024)
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        x @ x
-        best = min(best, time.perf_counter() - t)
-    out["device_flops"] = 2 * 1024**3 / best
-
-    from ..comm.spawn import run_ranks  # an arrow up, pending: tests/test_layers.py KNOWN_VIOLATIONS
-
-    per_rank = run_ranks(_loopback_probe, world_size, mb)
-    out["loopback_bandwidth"] = min(r[0] for r in per_rank)
-    out["loopback_latency"] = max(r[1] for r in per_rank)
-    return out
-
-
-def _loopback_probe(comm, mb: int) -> tuple[float, float]:
-    """(bytes/s per direction, seconds per tiny all-to-all) on this rank."""
-    import time
-
-    import torch
-
-    W = comm.world_size
-    n = (mb << 20) // 4 // W * W
-    x = torch.ones(n)
-    splits = [n // W] * W
-    comm.all_to_all_v(x, splits, splits)  # warm-up
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        comm.all_to_all_v(x, splits, splits)
-        times.append(time.perf_counter() - t)
-    sent = 4 * n * (W - 1) / W
-    tiny = torch.ones(W)
-    lat = []
-    for _ in range(20):
-        t = time.perf_counter()
-        comm.all_to_all_v(tiny, [1] * W, [1] * W)
-        lat.append(time.perf_counter() - t)
-    return sent / min(times), sorted(lat)[len(lat) // 2]
