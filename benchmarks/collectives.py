@@ -24,6 +24,14 @@ rank's time is its median; the table reports the slowest rank's median.
 
 Tracing overhead: the same all_to_all_v loop through TracingCommunicator and without it, and the
 tracer's bookkeeping alone (a no-op inner communicator: no network noise).
+
+Calibration for the simulator (``--calibrate FILE``): instead of the above, the latency and
+bandwidth of every collective kind, group size and message size on W = the first --worlds ranks
+(``neo_train.topology.calibrate.measure_collectives``, fitted by ``fit_calibration``), written
+as the file ``neo-train simulate --trace DIR --calibration FILE`` reads (``neo-train calibrate``
+writes the same):
+
+    python benchmarks/collectives.py --calibrate calib_w4.json --worlds 4 [--busy-ms 1]
 """
 from __future__ import annotations
 
@@ -35,7 +43,8 @@ import time
 
 import torch
 
-from neo_train.comm.executor import ScheduleCommunicator, _parse_bytes
+from neo_train.comm.executor import ScheduleCommunicator
+from neo_train.comm.schedules.rules import parse_bytes
 from neo_train.comm.interface import Communicator
 from neo_train.comm.schedules import TopologyHint
 from neo_train.comm.trace import TracingCommunicator
@@ -152,6 +161,35 @@ def _moved(op: str, W: int, size: int) -> float:
     return (W - 1) * size if op == "all_to_all_v" else 2 * (W - 1) / W * (W * size)
 
 
+def _calibrate_body(comm, sizes, iters: int, busy_s: float):
+    from neo_train.topology.calibrate import DEFAULT_SIZES, measure_collectives
+
+    return measure_collectives(comm, sizes=sizes or DEFAULT_SIZES, iters=iters, busy_s=busy_s)
+
+
+def _calibrate(path: str, W: int, sizes: list[int] | None, iters: int, busy_s: float) -> int:
+    """Measure and fit the simulator's calibration on W local gloo ranks; write it to ``path``."""
+    import os
+
+    from neo_train.testing import cpu_model
+    from neo_train.topology.calibrate import fit_calibration
+
+    load, t0 = os.getloadavg()[0], time.perf_counter()
+    samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, timeout_s=1800)[0]
+    meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load, "load_after": os.getloadavg()[0],
+            "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s}
+    cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
+    cal.save(path)
+    print(cal.table())
+    print(f"{'kind':<15} {'g':>2} {'bytes':>9} {'measured us':>12} {'model us':>9} {'GB/s':>7}")
+    for smp in samples:
+        pred = cal.predict(smp["kind"], smp["group"], smp["bytes"])
+        print(f"{smp['kind']:<15} {smp['group']:>2} {smp['bytes']:>9} {smp['seconds'] * 1e6:12.0f} {pred * 1e6:9.0f} "
+              f"{smp['bytes'] / smp['seconds'] / 1e9:7.3f}")
+    print(f"calibration written to {path} (load {load:.2f} -> {os.getloadavg()[0]:.2f})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="W = 2, three sizes, few iterations")
@@ -160,11 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="", help="bytes per peer, comma-separated (e.g. 1MB,4MB)")
     ap.add_argument("--algorithms", default="", help="only these algorithms, comma-separated (e.g. pairwise,ring)")
     ap.add_argument("--worlds", default="", help="world sizes, comma-separated (default 2,4; quick 2)")
+    ap.add_argument("--calibrate", metavar="FILE", help="write the simulator's calibration of the first --worlds size "
+                                                         "here instead (see the module docstring)")
+    ap.add_argument("--busy-ms", type=float, default=0.0, help="with --calibrate: ranks compute this long between "
+                                                              "calls (CPU-bound ranks, as in training)")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",")] if args.worlds else ([2] if args.quick else [2, 4])
+    if args.calibrate:
+        return _calibrate(args.calibrate, worlds[0], [int(parse_bytes(v)) for v in args.sizes.split(",")]
+                          if args.sizes else None, args.iters or (5 if args.quick else 9), args.busy_ms / 1e3)
     sizes = [1 << 10, 64 << 10, 1 << 20] if args.quick else [1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20]
     if args.sizes:
-        sizes = [int(_parse_bytes(v)) for v in args.sizes.split(",")]
+        sizes = [int(parse_bytes(v)) for v in args.sizes.split(",")]
     iters = args.iters or (5 if args.quick else 20)
     only = set(args.algorithms.split(",")) if args.algorithms else None
     rows: list[dict] = []

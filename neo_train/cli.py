@@ -11,6 +11,8 @@
     neo-train train --nproc 4 --collective-rules "all_to_all_v:opera" --trace-dir traces
     neo-train replay traces --rules "all_to_all_v:pairwise"
     neo-train simulate --nodes 128 --network opera --allreduce dps
+    neo-train calibrate --nproc 4 --out calib_w4.json      # this machine's collectives, for:
+    neo-train simulate --trace traces --calibration calib_w4.json   # predicted vs measured
     neo-train info                          # versions and kernel backends
 """
 from __future__ import annotations
@@ -108,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .comm.replay import add_replay_arguments
 
     add_replay_arguments(sub.add_parser("replay", help="replay recorded collective traces on real ranks, any algorithm"))
+    from .topology.calibrate import add_calibrate_arguments
+
+    add_calibrate_arguments(sub.add_parser(
+        "calibrate", help="measure this machine's collectives (latency, bandwidth) for neo-train simulate --calibration"))
     sub.add_parser("info", help="versions and available kernel backends")
     return p
 
@@ -440,6 +446,57 @@ def wrap_communicator(comm, cfg, local_world_size: int | None):
     return comm
 
 
+def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float):
+    from .topology.calibrate import measure_collectives
+
+    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s)
+
+
+def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``neo-train calibrate``: --nproc local ranks started with torchrun as ``train`` does (gloo on
+    CPUs, NCCL on GPUs: the transport the run will use), or the ranks of an enclosing torchrun;
+    rank 0 fits the model and writes --out."""
+    import torch
+
+    from .topology.calibrate import DEFAULT_SIZES, fit_calibration, parse_sizes
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give a file path")
+    if not out.parent.exists():
+        raise ValueError(f"--out {out}: directory {out.parent} does not exist")
+    sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() or 2)
+        if nproc < 2:
+            raise ValueError("--nproc: calibrate needs 2 or more ranks")
+        return _launch_local(nproc, argv)
+    import torch.distributed as dist
+
+    from .comm import init_distributed
+
+    torch.set_num_threads(intra_op_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))[0])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    load, t0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"), time.perf_counter()
+    comm = init_distributed(timeout_s=args.timeout)
+    if comm is None or comm.world_size < 2:
+        raise ValueError("neo-train calibrate needs 2 or more ranks")
+    samples = _calibrate_rank(comm, sizes, args.iters, args.busy_ms / 1e3)
+    if comm.rank == 0:
+        from .comm.probe import cpu_model
+
+        meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load, "seconds": time.perf_counter() - t0,
+                "iters": args.iters, "busy_s": args.busy_ms / 1e3, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        cal = fit_calibration(samples, world_size=comm.world_size, transport=comm.backend, device=comm.device.type,
+                              meta=meta)
+        cal.save(out)
+        print(cal.table())
+        print(f"calibration written to {out} (neo-train simulate --trace DIR --calibration {out})")
+    dist.destroy_process_group()
+    return 0
+
+
 def _config(args: argparse.Namespace) -> int:
     from .config import preset
 
@@ -476,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .topology.study import simulate_command
 
     handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,
-                "replay": replay_command, "simulate": simulate_command}
+                "replay": replay_command, "simulate": simulate_command,
+                "calibrate": lambda a: _calibrate(a, argv)}
     from .comm import CollectiveError
     from .train.checkpoint import CheckpointError
 

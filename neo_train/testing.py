@@ -1,6 +1,6 @@
 """Helpers for tests and benchmarks (never imported by neo_train itself): ``run_ranks`` and its
 companions, re-exported from ``neo_train.comm.spawn`` where the runtime keeps them, and
-``cpu_model`` for benchmark reports.
+``cpu_model`` (``neo_train.comm.probe``) for benchmark reports.
 
     def body(comm, x):            # runs on every rank; comm is the world NativeCommunicator
         return comm.rank * x
@@ -8,17 +8,7 @@ companions, re-exported from ``neo_train.comm.spawn`` where the runtime keeps th
 """
 from __future__ import annotations
 
+from .comm.probe import cpu_model
 from .comm.spawn import RankFailed, free_port, run_ranks
 
 __all__ = ["run_ranks", "free_port", "RankFailed", "cpu_model"]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo), for benchmark reports."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"

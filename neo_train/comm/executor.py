@@ -59,7 +59,6 @@ from .schedules import (
     validate,
 )
 from .schedules.rules import Rule, format_rules, parse_rules
-from .schedules.rules import parse_bytes as _parse_bytes  # noqa: F401 - benchmarks/collectives.py imports it from here
 
 __all__ = ["ScheduleCommunicator", "Rule", "parse_rules", "format_rules"]
 

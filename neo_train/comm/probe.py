@@ -1,5 +1,6 @@
-"""Measuring this machine: what the ``cpu_local`` cluster preset (``topology/spec.py``) hard-codes —
-memory bandwidth, one-thread matmul FLOP/s, gloo loopback all-to-all bandwidth and latency.
+"""Measuring this machine: its CPU's name (``cpu_model``, for reports), and what the ``cpu_local``
+cluster preset (``topology/spec.py``) hard-codes — memory bandwidth, one-thread matmul FLOP/s,
+gloo loopback all-to-all bandwidth and latency.
 
     from neo_train.comm.probe import measure_cpu_local
     measure_cpu_local(world_size=2)     # {"memory_bandwidth": ..., "loopback_latency": ...}
@@ -10,7 +11,7 @@ import math
 
 from .spawn import run_ranks
 
-__all__ = ["measure_cpu_local"]
+__all__ = ["measure_cpu_local", "cpu_model"]
 
 
 def measure_cpu_local(world_size: int = 2, mb: int = 16) -> dict[str, float]:
@@ -75,3 +76,14 @@ def _loopback_probe(comm, mb: int) -> tuple[float, float]:
         comm.all_to_all_v(tiny, [1] * W, [1] * W)
         lat.append(time.perf_counter() - t)
     return sent / min(times), sorted(lat)[len(lat) // 2]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo), for benchmark reports."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"

@@ -25,11 +25,39 @@ uneven all_gather / reduce_scatter keep their per-rank sizes in ``out_split`` / 
 Timing: ``startTime_ns`` is wall-clock (time.time_ns) at the call; ``duration_ns`` runs to the
 call's return, or for ``async_op`` to ``wait()`` (or the future completing), null if never waited.
 Entries are appended at issue time, so a rank's file lists its collectives in issue order.
+
+The rank's own timeline (what the simulator replays: ``topology.trace_input.rank_timelines``). The
+process that issues collectives alternates between *blocking* (inside a collective call, or inside
+a wait for an asynchronous one) and *compute* (everything else: kernels, the framework, waiting for
+a data loader; on a shared host also time the OS gave to other ranks). Blocking intervals are
+numbered in the order they begin; each is recorded with the compute that preceded it:
+
+    async        whether the call was asynchronous (returns a handle) or blocked to the end
+    order        the call's position among the process's blocking intervals
+    compute_ns   compute since the previous blocking interval ended (null for the first)
+    call_ns      time inside the call: the whole collective, or for async only its launch
+    step         the training step in progress at the call (``trace_step``; null outside steps)
+    step_start_ns  present when a step began since the previous blocking interval: how long
+                 before this call it began
+    wait_order, wait_compute_ns, wait_ns, wait_step, wait_step_start_ns
+                 the same for the wait that joined an async collective: ``Handle.wait()``
+                 (``joined_by`` "wait"), or for collectives handed to DDP as futures the end of
+                 the backward that waited for them (``watch_backward``; ``joined_by``
+                 "backward", and ``duration_ns`` ends when the collective completed); several
+                 collectives joined by one wait share its ``wait_order``; absent when nothing
+                 waited
+    backend      the transport (gloo, nccl) of the process group
+
+Times are host nanoseconds (``time.perf_counter_ns``). On CPU ranks host time is the work; on a
+GPU the host only launches kernels, so a GPU trace needs device-side times (CUDA events around
+each collective on its stream) for ``compute_ns`` to mean the GPU's compute; see
+notes/sim_validation.md.
 """
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -46,6 +74,7 @@ __all__ = [
     "param_comm_name",
     "DTYPE_NAMES",
     "torch_dtype",
+    "TIMELINE_FIELDS",
 ]
 
 # param's paramToCommName aliases (letters only, lower case) for what we replay
@@ -87,6 +116,11 @@ _DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()} | {
 }
 
 
+# integer fields of the rank's timeline of blocking intervals (module docstring)
+TIMELINE_FIELDS = ("order", "compute_ns", "call_ns", "step", "step_start_ns", "wait_order", "wait_compute_ns",
+                   "wait_ns", "wait_step", "wait_step_start_ns")
+
+
 class TraceError(ValueError):
     """A malformed trace; the message names the file, the entry index and the field."""
 
@@ -114,6 +148,64 @@ class TraceRecorder:
         self.entries: list[dict[str, Any]] = []
         self._seq: dict[int, int] = {}
         self.next_pg = 0  # fallback process-group ids, when torch's group names are not numbers
+        # the timeline of blocking intervals (see the module docstring)
+        self._lock = threading.Lock()
+        self._order = 0
+        self._last_end: int | None = None  # perf_counter_ns when the last blocking interval ended
+        self.step: int | None = None
+        self._step_began: int | None = None
+        self._unjoined: list[dict[str, Any]] = []  # async entries handed out as futures, not yet waited
+
+    def trace_step(self, step: int | None) -> None:
+        """Step ``step`` begins now (None: the training loop is over, which ends the last step);
+        later entries carry it."""
+        with self._lock:
+            self.step = step
+            self._step_began = time.perf_counter_ns()
+
+    def begin_block(self, t: int | None = None) -> dict[str, Any]:
+        """A blocking interval begins now (or at ``t``, perf_counter_ns): its order, start and the
+        compute before it."""
+        with self._lock:
+            t = time.perf_counter_ns() if t is None else t
+            blk: dict[str, Any] = {"order": self._order, "t0": t, "step": self.step,
+                                   "compute_ns": None if self._last_end is None else max(0, t - self._last_end)}
+            self._order += 1
+            if self._step_began is not None:
+                blk["step_start_ns"] = max(0, t - self._step_began)
+                self._step_began = None
+            return blk
+
+    def end_block(self, blk: dict[str, Any], t: int | None = None) -> int:
+        """The interval ends now (or at ``t``); returns its length (ns)."""
+        with self._lock:
+            t = time.perf_counter_ns() if t is None else t
+            self._last_end = t if self._last_end is None else max(self._last_end, t)
+            return max(0, t - blk["t0"])
+
+    @staticmethod
+    def put_wait(entry: dict[str, Any], blk: dict[str, Any], ns: int, by: str = "wait") -> None:
+        entry["joined_by"] = by
+        entry["wait_order"], entry["wait_compute_ns"], entry["wait_ns"] = blk["order"], blk["compute_ns"], ns
+        entry["wait_step"] = blk["step"]
+        if "step_start_ns" in blk:
+            entry["wait_step_start_ns"] = blk["step_start_ns"]
+
+    def add_unjoined(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._unjoined.append(entry)
+
+    def join_futures(self, t_begin: int, t_end: int) -> None:
+        """The process waited for every collective handed out as a future from ``t_begin`` to
+        ``t_end`` (perf_counter_ns; the end of a backward, where DDP waits for its buckets)."""
+        with self._lock:
+            pending, self._unjoined = self._unjoined, []
+        if not pending:
+            return
+        blk = self.begin_block(t_begin)
+        ns = self.end_block(blk, t_end)
+        for e in pending:
+            self.put_wait(e, blk, ns, "backward")
 
     def dump(self, path: str | Path) -> Path:
         """Write the entries; ``path`` is a ``.json`` file or a directory (-> trace_rank{r}.json)."""
@@ -171,6 +263,7 @@ class TracingCommunicator(Communicator):
             pg_id = self.recorder.next_pg
         self.recorder.next_pg = max(self.recorder.next_pg, pg_id + 1)
         self.pg_id = pg_id
+        self._backend = str(getattr(inner, "backend", "") or "")
 
     def __getattr__(self, name):  # group, device, name, ... of the wrapped communicator
         if name == "inner":
@@ -194,7 +287,7 @@ class TracingCommunicator(Communicator):
             "global_ranks": self._ranks, "world_size": self.world_size, "group_rank": self.rank,
             "global_rank": rec.global_rank, "in_msg_size": n_in, "out_msg_size": n_out, "dtype": dtype,
             "in_split": ins, "out_split": outs, "startTime_ns": time.time_ns(), "duration_ns": None,
-            "markers": (tag or "untagged",),
+            "markers": (tag or "untagged",), "backend": self._backend,
         }
         if comms == "barrier":  # param reads no sizes for a barrier
             for key in ("in_msg_size", "out_msg_size", "dtype", "in_split", "out_split"):
@@ -202,17 +295,24 @@ class TracingCommunicator(Communicator):
         rec.entries.append(entry)
         return entry
 
-    @staticmethod
-    def _run(entry: dict, call, async_op: bool):
-        """Run the collective; its duration lands in the entry (for async: when waited on)."""
-        t0 = time.perf_counter_ns()
+    def _run(self, entry: dict, call, async_op: bool):
+        """Run the collective; its duration lands in the entry (for async: when waited on), and
+        the call (and later its wait) in the process's timeline of blocking intervals."""
+        rec = self.recorder
+        blk = rec.begin_block()
+        entry.update(order=blk["order"], compute_ns=blk["compute_ns"], step=blk["step"], **{"async": async_op})
+        if "step_start_ns" in blk:
+            entry["step_start_ns"] = blk["step_start_ns"]
         try:
             out = call()
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {e}"[:300]
             raise
+        finally:
+            entry["call_ns"] = rec.end_block(blk)
+        t0 = blk["t0"]
         if not async_op:
-            entry["duration_ns"] = time.perf_counter_ns() - t0
+            entry["duration_ns"] = entry["call_ns"]
             return out
 
         def finish(result):
@@ -220,11 +320,45 @@ class TracingCommunicator(Communicator):
                 entry["duration_ns"] = time.perf_counter_ns() - t0
             return result
 
-        fut = None
-        if out._future is not None:
-            inner_future = out._future
-            fut = lambda: inner_future().then(lambda f: finish(f.value()))  # noqa: E731
-        return Handle(lambda: finish(out.wait()), _future=fut)
+        def wait():
+            w = rec.begin_block()
+            try:
+                return finish(out.wait())
+            finally:
+                rec.put_wait(entry, w, rec.end_block(w))
+
+        def future():
+            rec.add_unjoined(entry)  # joined where the process waits for it: watch_backward
+            return inner_future().then(lambda f: finish(f.value()))
+
+        inner_future = out._future
+        return Handle(wait, _future=future if inner_future is not None else None)
+
+    # ---- the trainer's marks ------------------------------------------------------------------
+    def trace_step(self, step: int | None) -> None:
+        """Training step ``step`` begins now (None: the loop is over): entries carry the step in
+        progress, and the first blocking interval of a step how long after the step began."""
+        self.recorder.trace_step(step)
+
+    def watch_backward(self, loss: torch.Tensor) -> None:
+        """Call before ``loss.backward()``: the collectives handed out as futures during it (DDP's
+        gradient buckets) are joined at its end, where DDP waits for them. Two autograd-engine
+        callbacks bracket that wait: the first, queued from a hook on ``loss`` (the first thing the
+        backward runs, so before DDP queues its finalisation), runs when the graph is done; it
+        queues the second, which runs after DDP's finalisation has waited for every bucket."""
+        if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+            return
+        rec = self.recorder
+        engine = torch.autograd.Variable._execution_engine
+
+        def graph_done() -> None:
+            t_begin = time.perf_counter_ns()
+            engine.queue_callback(lambda: rec.join_futures(t_begin, time.perf_counter_ns()))
+
+        def on_grad(_g: torch.Tensor) -> None:
+            engine.queue_callback(graph_done)
+
+        loss.register_hook(on_grad)
 
     @staticmethod
     def _dtype(x: torch.Tensor) -> str:
@@ -353,6 +487,13 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
             e.setdefault(key, None)
             if e[key] is not None:
                 _int(where, e, key)
+        for key in TIMELINE_FIELDS:  # the rank's timeline (module docstring): optional
+            if e.get(key) is not None:
+                _int(where, e, key)
+        if e.get("joined_by") not in (None, "wait", "backward"):
+            raise TraceError(f"{where}: field 'joined_by' must be 'wait' or 'backward', got {e['joined_by']!r}")
+        if "async" in e and not isinstance(e["async"], bool):
+            raise TraceError(f"{where}: field 'async' must be true or false, got {e['async']!r}")
         if comms == "barrier":
             out.append(e)
             continue

@@ -26,13 +26,23 @@ markers the trace has (``trace_markers``; neo_train's tracer writes its collecti
 input_dist, output_dist, output_dist_bwd, dense_allreduce, metrics, ...), else a ValueError. An all-reduce among ranks
 of several hosts runs as ``allreduce`` (ring / dps / hier_*) among those hosts; inside one host, as
 a ring over its internal fabric.
+
+Per-rank chains (``timeline_phases``), for traces that carry their ranks' own timelines
+(``neo_train.comm.trace`` records them: ``order``, ``compute_ns``, ``call_ns``, ``wait_*``, ``step``):
+each rank is a chain of its recorded compute, cut by the intervals in which it blocked: a blocking
+call waits for its collective's end, an asynchronous call only launches it and a later wait joins
+it. A collective starts when the last rank of its group has issued it (after the fixed latency the
+collective factory adds, e.g. a calibration's alpha), so a late rank delays the others exactly as
+in the run. ``rank_timelines`` reads the blocks; a trace without the fields is an error naming the
+file, rank, entry and field.
 """
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,7 +50,8 @@ from .collectives import all_reduce, ring_all_gather
 from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
-           "DTYPE_BYTES", "SUPPORTED_COMMS"]
+           "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
+           "timeline_phases", "trace_transports", "network_collectives"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -78,7 +89,7 @@ def load_trace(path: str | Path) -> dict[int, list[dict[str, Any]]]:
         if not out:
             raise ValueError(f"trace directory {p} holds no rank*.json files")
         check_trace(out, files)
-        return _Checked(out)
+        return _Checked(out, files)
     data = _read(p)
     if isinstance(data, list):
         out = {0: data}
@@ -100,12 +111,18 @@ def load_trace(path: str | Path) -> dict[int, list[dict[str, Any]]]:
     else:
         raise ValueError(f"trace {p}: expected a list of entries or an object of per-rank lists, got {_kind(data)}")
     check_trace(out, {r: p for r in out})
-    return _Checked(out)
+    return _Checked(out, {r: p for r in out}, one_file=isinstance(data, list))
 
 
 class _Checked(dict):
     """{rank: entries} as ``load_trace`` returns it, already checked (the schedule functions skip
-    checking it again: a long trace takes about a second per 200k entries)."""
+    checking it again: a long trace takes about a second per 200k entries); ``files`` names each
+    rank's file, ``one_file`` says every rank shares one list (param's --use-one-trace)."""
+
+    def __init__(self, data: Mapping[int, list], files: Mapping[int, Path] | None = None, one_file: bool = False):
+        super().__init__(data)
+        self.files = dict(files or {})
+        self.one_file = one_file
 
 
 def _kind(v: Any) -> str:
@@ -186,6 +203,16 @@ def check_trace(traces: Mapping[int, Any], files: Mapping[int, str | Path] | Non
                 raise ValueError(f"{where}: startTime_ns must be a number, got {_short(t)}")
             if name == "send" and e.get("dst_rank") is None:
                 raise ValueError(f"{where}: a send needs its dst_rank")
+            for key in _TIMELINE_INTS:
+                if e.get(key) is not None and not (_is_count(e[key]) and isinstance(e[key], int)):
+                    raise ValueError(f"{where}: {key} must be an integer >= 0, got {_short(e[key])}")
+            if e.get("async") is not None and not isinstance(e["async"], bool):
+                raise ValueError(f"{where}: async must be true or false, got {_short(e['async'])}")
+
+
+# the rank-timeline fields neo_train.comm.trace writes (its TIMELINE_FIELDS)
+_TIMELINE_INTS = ("order", "compute_ns", "call_ns", "step", "step_start_ns", "wait_order", "wait_compute_ns",
+                  "wait_ns", "wait_step", "wait_step_start_ns")
 
 
 def _comm_name(e: Mapping[str, Any]) -> str:
@@ -348,3 +375,223 @@ def _collective(name: str, by_rank: Mapping[int, dict], world: int, G: int, one_
     src = int(e0["src_rank"]) if e0.get("src_rank") is not None else min(by_rank)
     dst = int(e0["dst_rank"])
     return Comm(name, (Transfer([src // G], [dst // G], [S]),), after, "p2p", "send", S)
+
+
+# ---- per-rank chains: the ranks' recorded timelines ------------------------------------------------
+
+@dataclass(frozen=True)
+class Block:
+    """An interval in which rank ``rank`` blocked on communication, and the compute before it."""
+
+    rank: int
+    order: int
+    kind: str
+    """'call' (inside a collective call) or 'wait' (joining async collectives)."""
+    compute: float
+    """Seconds of compute between the previous block's end and this one's start."""
+    blocked: float
+    """Seconds it lasted in the run."""
+    step: int | None
+    """The training step in progress (None outside the loop)."""
+    step_lead: float | None
+    """A step began this many seconds before the block (None: no step began since the last)."""
+    colls: tuple
+    """Keys ((pg_id, ranks), k) of the collectives it issued (one) or joined."""
+    sync: bool
+    """A call that blocked until its collective ended."""
+    pos: int
+    """Index of its (first) entry in the rank's file."""
+
+
+def has_recorded_compute(traces: Mapping[int, list]) -> bool:
+    """Whether the trace carries its ranks' timelines (neo_train's tracer: ``order``, ``call_ns``)."""
+    return any(isinstance(e, dict) and "order" in e and "call_ns" in e for es in traces.values() for e in es)
+
+
+def trace_transports(traces: Mapping[int, list]) -> list[str]:
+    """The transports (``backend``: gloo, nccl) the trace's entries name, each once."""
+    return sorted({str(e["backend"]) for es in traces.values() for e in es if isinstance(e, dict) and e.get("backend")})
+
+
+def _coll_key(e: Mapping[str, Any]) -> tuple:
+    return (e.get("pg_id", 0), tuple(e.get("global_ranks") or e.get("groupRanks") or ()))
+
+
+def rank_timelines(traces: Mapping[int, list]) -> tuple[dict[int, list[Block]], dict[tuple, dict[int, dict]]]:
+    """({rank: its blocks in order}, {collective key: {rank: entry}}) of a trace with recorded
+    timelines. Collectives (barriers included) are matched as in ``trace_phases``: the k-th of a
+    process group on every rank. ValueError naming the file, rank, entry and field when a rank
+    lacks the timeline fields or they contradict each other."""
+    check_trace(traces)
+    files = getattr(traces, "files", {})
+    if getattr(traces, "one_file", False) and trace_world_size(traces) > 1:
+        raise ValueError(f"trace {files.get(0, '')}: one list for every rank (param's --use-one-trace) has no per-rank "
+                         f"compute to replay; give --compute marker=seconds")
+    blocks: dict[int, list[Block]] = {}
+    colls: dict[tuple, dict[int, dict]] = {}
+    for rank, entries in sorted(traces.items()):
+        src = f"trace {files[rank]} rank {rank}" if rank in files else f"trace rank {rank}"
+        seen: dict[tuple, int] = {}
+        mine: list[Block] = []
+        waits: dict[int, list[tuple[int, dict, tuple]]] = {}
+        for pos, e in enumerate(entries):
+            name = _comm_name(e)
+            if name in _SKIP and name != "barrier" or "compute" in e and "comms" not in e:
+                continue
+            where = f"{src} entry {pos} ({e.get('comms')})"
+            for key in ("order", "call_ns"):
+                if e.get(key) is None:
+                    raise ValueError(f"{where}: no recorded timeline (field '{key}' missing); record the run with "
+                                     f"neo_train's tracer (neo-train train --trace-dir), or give --compute "
+                                     f"marker=seconds")
+            if e.get("compute_ns") is None and e["order"] != 0:
+                raise ValueError(f"{where}: field 'compute_ns' is missing (only the first blocking interval, order 0, "
+                                 f"may lack it)")
+            pg = _coll_key(e)
+            k = seen.get(pg, 0)
+            seen[pg] = k + 1
+            key = (pg, k)
+            colls.setdefault(key, {})[rank] = dict(e, _pos=pos)
+            sync = not e.get("async", False)
+            mine.append(Block(rank, int(e["order"]), "call", (e.get("compute_ns") or 0) / 1e9, e["call_ns"] / 1e9,
+                              e.get("step"), _lead(e.get("step_start_ns")), (key,), sync, pos))
+            if e.get("wait_order") is not None:
+                if sync:
+                    raise ValueError(f"{where}: field 'wait_order' on a blocking call (async is false)")
+                for f in ("wait_ns", "wait_compute_ns"):
+                    if e.get(f) is None:
+                        raise ValueError(f"{where}: field '{f}' missing beside 'wait_order'")
+                waits.setdefault(int(e["wait_order"]), []).append((pos, e, key))
+        for order, items in waits.items():
+            pos, e, _ = items[0]
+            for p2, e2, _ in items[1:]:
+                if (e2["wait_ns"], e2["wait_compute_ns"]) != (e["wait_ns"], e["wait_compute_ns"]):
+                    raise ValueError(f"{src} entry {p2} ({e2.get('comms')}): its wait (wait_order {order}) disagrees "
+                                     f"with entry {pos}'s: wait_ns/wait_compute_ns {e2['wait_ns']}/"
+                                     f"{e2['wait_compute_ns']} vs {e['wait_ns']}/{e['wait_compute_ns']}")
+            mine.append(Block(rank, order, "wait", e["wait_compute_ns"] / 1e9, e["wait_ns"] / 1e9, e.get("wait_step"),
+                              _lead(e.get("wait_step_start_ns")), tuple(k for _, _, k in items), False, pos))
+        mine.sort(key=lambda b: b.order)
+        for a, b in zip(mine, mine[1:]):
+            if a.order == b.order:
+                raise ValueError(f"{src} entries {a.pos} and {b.pos}: two blocking intervals share order {a.order} "
+                                 f"(field 'order' / 'wait_order')")
+        blocks[rank] = mine
+    for key, by_rank in colls.items():
+        e0 = by_rank[min(by_rank)]
+        group = _group(e0, trace_world_size(traces)) if _coll_key(e0)[1] else sorted(by_rank)
+        missing = [r for r in group if r not in by_rank and r in traces]
+        if missing:
+            raise ValueError(f"trace: collective #{key[1]} of process group {key[0][0]} ({e0.get('comms')}, "
+                             f"{_phase(e0)}) has no entry on rank(s) {missing} of its group {group}: the ranks' "
+                             f"traces disagree")
+    return blocks, colls
+
+
+def _lead(ns: Any) -> float | None:
+    return None if ns is None else float(ns) / 1e9
+
+
+# a collective factory: (kind, group, {rank: entry}, name, after) -> (phases, the phase ranks join on),
+# or None when the collective crosses no network (a group of one rank: its time is the rank's compute)
+CollectiveFactory = Callable[[str, list, Mapping[int, dict], str, tuple], "tuple[list[Phase], str] | None"]
+
+
+@dataclass
+class Timeline:
+    """The per-rank chains as a schedule, and where each recorded interval sits in it."""
+
+    phases: list[Phase]
+    blocks: dict[int, list[Block]]
+    nodes: dict[tuple[int, int], tuple[str, str]]
+    """(rank, order) -> (the node ending where the block starts, the node ending where it ends)."""
+    boundaries: dict[int, list[tuple[int | None, str, Block]]]
+    """rank -> [(step that begins, node ending at the boundary, the block after it)]."""
+    comm_end: dict[tuple, str]
+    """collective key -> the phase whose end is the collective's end."""
+    colls: dict[tuple, dict[int, dict]]
+    local: set
+    """Keys of the collectives that crossed no network (replayed as compute)."""
+
+
+def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory) -> Timeline:
+    """Per-rank chains joined at collectives (see the module docstring); ``factory`` turns each
+    matched collective into phases (a calibration's latency and fabric transfer, or a topology's)."""
+    blocks, colls = rank_timelines(traces)
+    phases: list[Phase] = []
+    arrivals: dict[tuple, list[str]] = {}
+    world = trace_world_size(traces)
+    comm_end: dict[tuple, str] = {}
+    local: set = set()
+    for key, by_rank in colls.items():
+        e0 = by_rank[min(by_rank)]
+        kind = _comm_name(e0)
+        group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
+        made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
+        if made is None:
+            local.add(key)
+        else:
+            comm_end[key] = made[1]
+            arrivals[key] = []
+            phases.extend(made[0])
+    nodes: dict[tuple[int, int], tuple[str, str]] = {}
+    bounds: dict[int, list] = {}
+    for rank, mine in blocks.items():
+        prev: tuple[str, ...] = ()
+        bounds[rank] = []
+        for b in mine:
+            c = f"r{rank}:c{b.order}"
+            if b.step_lead is not None:
+                lead = min(b.step_lead, b.compute)
+                phases.append(Compute(c + "a", b.compute - lead, prev))
+                bounds[rank].append((b.step, c + "a", b))
+                phases.append(Compute(c, lead, (c + "a",)))
+            else:
+                phases.append(Compute(c, b.compute, prev))
+            joins = tuple(comm_end[k] for k in b.colls if k not in local)
+            end = f"r{rank}:b{b.order}"
+            if b.kind == "call" and b.colls[0] in local:
+                phases.append(Compute(end, b.blocked, (c,)))  # nothing crossed a network: the rank's work
+            elif b.kind == "call":
+                arrivals[b.colls[0]].append(c)
+                # a blocking call ends with its collective; an async one only launched it (compute)
+                phases.append(Compute(end, 0.0, (c,) + joins) if b.sync else Compute(end, b.blocked, (c,)))
+            elif joins:
+                phases.append(Compute(end, 0.0, (c,) + joins))
+            else:
+                phases.append(Compute(end, b.blocked, (c,)))  # waited on local collectives only
+            nodes[(rank, b.order)] = (c, end)
+            prev = (end,)
+    # every collective's first phases wait for every rank of its group to arrive
+    by_name = {p.name: i for i, p in enumerate(phases)}
+    for key, names in arrivals.items():
+        first = _first_phase(phases, comm_end[key], by_name)
+        i = by_name[first]
+        p = phases[i]
+        phases[i] = Compute(p.name, p.seconds, tuple(names)) if isinstance(p, Compute) else Comm(
+            p.name, p.rounds, tuple(names), p.collective, p.algorithm, p.payload)
+    return Timeline(phases, blocks, nodes, bounds, comm_end, colls, local)
+
+
+def _first_phase(phases: list[Phase], last: str, by_name: Mapping[str, int]) -> str:
+    """The root of the factory's little chain that ends at ``last``."""
+    name = last
+    while phases[by_name[name]].after:
+        (name,) = phases[by_name[name]].after
+    return name
+
+
+def network_collectives(world: int, devices_per_host: int, allreduce: str = "ring") -> CollectiveFactory:
+    """A ``timeline_phases`` factory for a topology: each collective as ``trace_phases`` builds it
+    (rank r on host r // devices_per_host), no added latency (the network's hops carry it)."""
+
+    def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
+        if len(group) < 2:
+            return None
+        if kind == "barrier":
+            c = Comm(name, (), after, "barrier", "", 0.0)
+        else:
+            c = _collective(name, by_rank, world, devices_per_host, False, allreduce, after)
+        return [c], c.name
+
+    return make

@@ -1,27 +1,53 @@
-"""``neo-train simulate --trace``: a recorded comms trace on the cluster it implies.
+"""``neo-train simulate --trace``: a recorded comms trace on the cluster it implies, or on a
+calibrated model of the machine that recorded it, predicted against what the run measured.
 
-The cluster follows the trace (``trace_cluster_shape``): GPUs per node = the largest divisor of the
-trace's world size up to the topology's (a 4-rank trace on an 8-GPU topology is one node of 4),
-nodes = the nodes the ranks fill (Opera: its smallest study layout, 16 / 128 / 1024, that holds
-them); an explicit --gpus-per-node must divide the world size and an explicit --nodes must hold the
-ranks, else a ValueError naming the flags. ``--compute`` takes the trace's phase markers (seconds
-of compute before each run of that marker's collectives); neo_train's traces carry input_dist,
-output_dist, output_dist_bwd, dense_allreduce, metrics, ...; a name the trace lacks is an error
-listing the ones it has.
+    neo-train train --nproc 4 --trace-dir traces            # every rank's timeline recorded
+    neo-train calibrate --nproc 4 --out calib_w4.json       # this machine's collectives
+    neo-train simulate --trace traces --calibration calib_w4.json          # predicted vs measured
+    neo-train simulate --trace traces --network fattree     # the same run's compute on a fat-tree
+    neo-train simulate --trace old/ --compute output_dist=0.002,output_dist_bwd=0.01   # no recorded compute
+
+Compute. A trace recorded by neo_train's tracer carries each rank's timeline (compute between its
+blocking intervals, the intervals, step marks; ``neo_train.comm.trace``): by default every rank
+replays its own compute as a chain, joined to the others at collectives
+(``trace_input.timeline_phases``), and the report compares the simulated timeline with the
+recorded one (``validate_timeline``: step time, and per collective the time from issue to done, the
+time blocked and the collective's own part). ``--compute`` takes the trace's phase markers instead
+(seconds of compute before each run of that marker's collectives, one global chain; neo_train's
+traces carry input_dist, output_dist, output_dist_bwd, dense_allreduce, metrics, ...; a name the
+trace lacks is an error listing the ones it has); ``--compute none`` simulates communication only.
+A trace with neither recorded compute nor ``--compute`` is an error naming its file.
+
+Network. ``--calibration FILE`` (``topology.calibrate``): the fabric, per-collective latency and
+byte factors fitted on the recording machine; its world size and transport must match the
+trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs per node = the
+largest divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU
+topology is one node of 4), nodes = the nodes the ranks fill (Opera: its smallest study layout,
+16 / 128 / 1024, that holds them); an explicit --gpus-per-node must divide the world size and an
+explicit --nodes must hold the ranks, else a ValueError naming the flags.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from ..config import nonnegative_int
+from .calibrate import KINDS, Calibration
 from .networks import cluster_for, make_network
-from .simulator import SimResult, simulate
+from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
-from .trace_input import check_compute_markers, load_trace, trace_markers, trace_phases, trace_world_size
+from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers, has_recorded_compute,
+                          load_trace, network_collectives, timeline_phases, trace_markers, trace_phases,
+                          trace_transports, trace_world_size)
 
-__all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape"]
+__all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
+           "calibrated_collectives", "entry_sizes"]
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +56,14 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute", default="",
                    help="with --trace: seconds of compute before each run of a phase marker's collectives, e.g. "
                         "output_dist=0.002,output_dist_bwd=0.01,dense_allreduce=0.005 (neo_train's markers; a name "
-                        "the trace lacks is an error listing its markers)")
+                        "the trace lacks is an error listing its markers); 'none': communication only. Default: "
+                        "each rank's compute as the trace recorded it (neo-train train --trace-dir)")
+    p.add_argument("--calibration", type=Path,
+                   help="with --trace: simulate on the calibrated model of the machine that recorded it (a file from "
+                        "neo-train calibrate --nproc W --out FILE) and print predicted vs measured step and "
+                        "collective times")
+    p.add_argument("--warmup-steps", type=nonnegative_int, default=5,
+                   help="with --trace and recorded compute: steps left out of predicted vs measured (default 5)")
 
 
 def trace_cluster_shape(world: int, default_gpus: int, *, nodes: int | None = None, gpus_per_node: int | None = None,
@@ -83,27 +116,295 @@ def _parse_compute(text: str) -> dict[str, float]:
     return out
 
 
+def entry_sizes(kind: str, group: Sequence[int], by_rank: Mapping[int, Mapping[str, Any]]) -> Any:
+    """Bytes of a matched collective for ``calibrate.fabric_comm``: all_to_allv the (g, g) matrix
+    of per-peer bytes (group[i] -> group[j]), all_reduce S, all_gather / reduce_scatter the g
+    per-rank segments, barrier 0."""
+    e0 = by_rank[min(by_rank)]
+    g = len(group)
+    if kind == "barrier":
+        return 0.0
+    size = _dtype_bytes(e0)
+    if kind == "all_to_allv":
+        M = np.zeros((g, g))
+        for i, r in enumerate(group):
+            e = by_rank.get(r, e0)
+            split = e.get("in_split") or [int(e.get("in_msg_size") or 0) // g] * g
+            if len(split) != g:
+                raise ValueError(f"trace rank {r} entry {e.get('_pos')}: in_split has {len(split)} entries for a group "
+                                 f"of {g}")
+            M[i] = np.asarray(split, dtype=np.float64) * size
+        return M
+    if kind == "all_reduce":
+        return float(e0.get("in_msg_size") or 0) * size
+    if kind == "all_gather":
+        seg = e0.get("out_split") or [int(e0.get("in_msg_size") or 0)] * g
+        return [float(v) * size for v in seg]
+    if kind == "reduce_scatter":
+        seg = e0.get("in_split") or [int(e0.get("out_msg_size") or 0)] * g
+        return [float(v) * size for v in seg]
+    raise ValueError(f"trace: no fabric sizes for collective {kind!r}")
+
+
+def calibrated_collectives(cal: Calibration):
+    """A ``timeline_phases`` factory on the calibrated fabric: the kind's latency (a Compute: it
+    holds no link) before its bytes on the fabric."""
+
+    def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
+        if len(group) < 2:
+            return None
+        k = "all_to_allv" if kind == "all_to_all" else kind
+        if k not in KINDS + ("barrier",):
+            raise ValueError(f"--calibration: the calibrated model has no {kind} (it models {', '.join(KINDS)}); "
+                             f"collective {name}")
+        lat = Compute(f"latency:{name}", cal.latency(k, len(group)), after)
+        comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,))
+        return [lat, comm], comm.name
+
+    return make
+
+
+@dataclass
+class TraceValidation:
+    """The run's recorded timeline next to the simulated one (``validate_timeline``)."""
+
+    steps: list[dict[str, Any]]
+    """Per step: measured_s, predicted_s (means over ranks of the step's span), steady (counted)."""
+    collectives: list[dict[str, Any]]
+    """Per (marker, collective, sync/async): instances, medians of measured / predicted duration
+    (issue to done, as the rank saw it) and of blocked time (the rank waiting for it)."""
+    warmup_steps: int
+
+    def steady(self) -> list[dict[str, Any]]:
+        return [s for s in self.steps if s["steady"]]
+
+    def step_time(self, which: str, how: str = "median") -> float:
+        v = [s[which] for s in self.steady()]
+        if not v:
+            return math.nan
+        return float(statistics.median(v) if how == "median" else statistics.fmean(v))
+
+    def summary(self) -> dict[str, Any]:
+        m, p = self.step_time("measured_s"), self.step_time("predicted_s")
+        mm, pm = self.step_time("measured_s", "mean"), self.step_time("predicted_s", "mean")
+        return {"steps": len(self.steady()), "warmup_steps": self.warmup_steps, "measured_step_s": m,
+                "predicted_step_s": p, "step_error": p / m - 1 if m > 0 else math.nan,
+                "measured_step_mean_s": mm, "predicted_step_mean_s": pm,
+                "step_mean_error": pm / mm - 1 if mm > 0 else math.nan, "collectives": self.collectives}
+
+    def table(self) -> str:
+        s = self.summary()
+        lines = [f"predicted vs measured, {s['steps']} steady steps (the first {self.warmup_steps} left out), "
+                 f"mean over ranks per step:",
+                 f"  step time median {s['measured_step_s'] * 1e3:.2f} ms measured, {s['predicted_step_s'] * 1e3:.2f} "
+                 f"ms predicted ({s['step_error']:+.1%}); mean {s['measured_step_mean_s'] * 1e3:.2f} / "
+                 f"{s['predicted_step_mean_s'] * 1e3:.2f} ms ({s['step_mean_error']:+.1%})",
+                 f"  {'marker':<22} {'collective':<15} {'mode':<5} {'n':>4} {'took ms meas':>12} {'pred':>8} {'err':>7} "
+                 f"{'blocked meas':>12} {'pred':>7} {'net meas':>9} {'pred':>7}"]
+        for r in self.collectives:
+            err = r["predicted_s"] / r["measured_s"] - 1 if r["measured_s"] > 0 else math.nan
+            net = (f"{r['measured_net_s'] * 1e3:9.3f} {r['predicted_net_s'] * 1e3:7.3f}" if r["measured_net_s"] is not None
+                   else f"{'-':>9} {'-':>7}")
+            lines.append(f"  {r['marker']:<22} {r['comms']:<15} {r['mode']:<5} {r['n']:>4} {r['measured_s'] * 1e3:12.3f} "
+                         f"{r['predicted_s'] * 1e3:8.3f} {err:+7.1%} {r['measured_blocked_s'] * 1e3:12.3f} "
+                         f"{r['predicted_blocked_s'] * 1e3:7.3f} {net}")
+        return "\n".join(lines)
+
+
+def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = 5) -> TraceValidation:
+    """Compare the recorded timeline with the simulated one.
+
+    Measured: each rank's timeline rebuilt from its blocks (compute, then the block's recorded
+    length), from its first block. Predicted: the same points in the simulated schedule. A step's
+    span on a rank runs from its boundary to the next (the trainer marks a step's start; the loop's
+    end closes the last); steps before ``warmup_steps`` (and outside the loop) are left out. Per
+    collective, 'took' is issue to done as the rank saw it (``duration_ns``: a blocking call's
+    return, an async one's wait, or, joined by a backward, its completion) and 'blocked' the time
+    the rank waited in its call and wait."""
+    end = {p.name: p.end for p in res.phases}
+    start_pred = {k: end[a] for k, (a, _) in tl.nodes.items()}
+    end_pred = {k: end[b] for k, (_, b) in tl.nodes.items()}
+    start_meas: dict[tuple[int, int], float] = {}
+    end_meas: dict[tuple[int, int], float] = {}
+    for rank, blocks in tl.blocks.items():
+        t = 0.0
+        for b in blocks:
+            start_meas[(rank, b.order)] = t + b.compute
+            t = end_meas[(rank, b.order)] = t + b.compute + b.blocked
+    # step spans
+    spans: dict[int, dict[str, list[float]]] = {}
+    for rank, bounds in tl.boundaries.items():
+        for (step, node, b), nxt in zip(bounds, bounds[1:]):
+            if step is None:
+                continue
+            _, node2, b2 = nxt
+            meas = (start_meas[(rank, b2.order)] - b2.step_lead) - (start_meas[(rank, b.order)] - b.step_lead)
+            pred = end[node2] - end[node]
+            d = spans.setdefault(step, {"measured_s": [], "predicted_s": []})
+            d["measured_s"].append(meas)
+            d["predicted_s"].append(pred)
+    steps = [{"step": s, "measured_s": statistics.fmean(v["measured_s"]), "predicted_s": statistics.fmean(v["predicted_s"]),
+              "ranks": len(v["measured_s"]), "steady": s >= warmup_steps} for s, v in sorted(spans.items())]
+    steady = {s["step"] for s in steps if s["steady"]}
+    # per collective instance and rank
+    call_of: dict[tuple[int, tuple], Block] = {}
+    wait_of: dict[tuple[int, tuple], Block] = {}
+    for rank, blocks in tl.blocks.items():
+        for b in blocks:
+            for k in b.colls:
+                (call_of if b.kind == "call" else wait_of)[(rank, k)] = b
+    groups: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    for key, by_rank in tl.colls.items():
+        if key in tl.local:
+            continue
+        for rank, e in by_rank.items():
+            c = call_of.get((rank, key))
+            if c is None or c.step not in steady or e.get("duration_ns") is None:
+                continue
+            w = wait_of.get((rank, key))
+            s0 = start_pred[(rank, c.order)]
+            if c.sync:
+                took = end_pred[(rank, c.order)] - s0
+                blocked_m, blocked_p = c.blocked, took
+            elif w is not None and e.get("joined_by", "wait") == "wait":
+                took = end_pred[(rank, w.order)] - s0
+                blocked_m, blocked_p = w.blocked, end_pred[(rank, w.order)] - start_pred[(rank, w.order)]
+            else:
+                took = end[tl.comm_end[key]] - s0
+                blocked_m = w.blocked if w is not None else 0.0
+                blocked_p = end_pred[(rank, w.order)] - start_pred[(rank, w.order)] if w is not None else 0.0
+            row = groups.setdefault((_phase(e), _comm_name(e), "sync" if c.sync else "async"),
+                                    {"measured_s": [], "predicted_s": [], "mb": [], "pb": []})
+            row["measured_s"].append(e["duration_ns"] / 1e9)
+            row["predicted_s"].append(took)
+            row["mb"].append(blocked_m)
+            row["pb"].append(blocked_p)
+        net = _net_times(key, by_rank, call_of, start_pred, end[tl.comm_end[key]], steady)
+        if net is not None:
+            e0 = by_rank[min(by_rank)]
+            mode = "async" if e0.get("async") else "sync"
+            row = groups.setdefault((_phase(e0), _comm_name(e0), mode), {"measured_s": [], "predicted_s": [], "mb": [],
+                                                                         "pb": []})
+            row.setdefault("mn", []).append(net[0])
+            row.setdefault("pn", []).append(net[1])
+    colls = []
+    for (m, c, mode), v in sorted(groups.items()):
+        if not v["measured_s"]:
+            continue
+        colls.append({"marker": m, "comms": c, "mode": mode, "n": len(v["measured_s"]),
+                      "measured_s": statistics.median(v["measured_s"]), "predicted_s": statistics.median(v["predicted_s"]),
+                      "measured_blocked_s": statistics.median(v["mb"]), "predicted_blocked_s": statistics.median(v["pb"]),
+                      "measured_net_s": statistics.median(v["mn"]) if v.get("mn") else None,
+                      "predicted_net_s": statistics.median(v["pn"]) if v.get("pn") else None})
+    return TraceValidation(steps, colls, warmup_steps)
+
+
+def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_pred: Mapping, comm_end: float,
+               steady: set) -> tuple[float, float] | None:
+    """(measured, predicted) seconds from the last rank's call to the collective's end: in the
+    run, the mean over its ranks of their return (a blocking call) or completion (joined by a
+    backward), on the wall clock (``startTime_ns``: one host); in the simulation, its Comm's end.
+    The part of 'took' that is the collective itself rather than waiting for late ranks: it tells
+    the network model's error from the schedule's. None when the run does not show it (an async
+    collective joined by a wait: its completion is not recorded)."""
+    starts, dones, arrive = [], [], []
+    for rank, e in by_rank.items():
+        c = call_of.get((rank, key))
+        if c is None or c.step not in steady or e.get("startTime_ns") is None or e.get("duration_ns") is None:
+            return None
+        if not c.sync and e.get("joined_by") != "backward":
+            return None
+        starts.append(e["startTime_ns"])
+        dones.append(e["startTime_ns"] + (e["call_ns"] if c.sync else e["duration_ns"]))
+        arrive.append(start_pred[(rank, c.order)])
+    if len(starts) < 2:
+        return None
+    return (statistics.fmean(dones) - max(starts)) / 1e9, comm_end - max(arrive)
+
+
+def _comm_only(res: SimResult) -> SimResult:
+    """The result's collectives only (the per-rank chains' compute nodes are thousands of lines)."""
+    keep = [p for p in res.phases if p.kind != "compute"]
+    return SimResult(res.network, res.total, keep, res.wall_seconds, res.stats)
+
+
 def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_threshold: float
                    ) -> tuple[SimResult, dict[str, Any], ClusterSpec]:
-    """``neo-train simulate --trace``: the recorded trace on the cluster it derives (see the module
+    """``neo-train simulate --trace``: the recorded trace on the cluster it derives, or with
+    ``--calibration`` on the calibrated model of the machine that recorded it (see the module
     docstring); returns the result, the summary row and the cluster."""
-    compute = _parse_compute(args.compute)
+    compute_off = args.compute.strip().lower() == "none"
+    compute = {} if compute_off else _parse_compute(args.compute)
     traces = load_trace(args.trace)
     world = trace_world_size(traces)
     check_compute_markers(trace_markers(traces), compute, "--compute")
+    calibration = getattr(args, "calibration", None)
+    cal = Calibration.load(calibration) if calibration else None
+    if cal is not None:
+        cal.check_for(world, trace_transports(traces), f"trace {args.trace}")
     default_gpus = cluster_for(args.topology, 1).devices_per_node
     nodes, G = trace_cluster_shape(world, default_gpus, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                    network=args.network)
-    cluster = cluster_for(args.topology, nodes, G, **overrides)
-    derived = "" if args.gpus_per_node else f" (GPUs per node derived from the trace; the topology has {default_gpus})"
-    print(f"trace: {world} ranks on {world // G} node(s) of {G} GPUs{derived}")
+    recorded = has_recorded_compute(traces)
+    per_rank = recorded and not compute and not compute_off
+    if not (per_rank or compute or compute_off):
+        first = min(traces)
+        where = getattr(traces, "files", {}).get(first, args.trace)
+        raise ValueError(f"trace {where}: no recorded compute times (rank {first}'s entries have no field "
+                         f"'compute_ns'; neo-train train --trace-dir records them): give --compute marker=seconds "
+                         f"(its markers: {', '.join(trace_markers(traces))}) or --compute none for communication only")
+    if cal is not None and not per_rank:
+        raise ValueError("--calibration replays the trace's own recorded compute per rank; it does not combine with "
+                         "--compute (leave --compute out, on a trace recorded by neo-train train --trace-dir)")
     ar = "ring" if args.allreduce == "auto" and args.network != "opera" else (
         "dps" if args.allreduce == "auto" else args.allreduce)
-    net = make_network(args.network, cluster, bulk_threshold=bulk_threshold, vlb=not args.no_vlb, seed=args.seed,
-                       routing=args.routing)
-    net.hosts_for(world)  # a clear error when the trace needs more hosts
-    phases = trace_phases(traces, G, compute, allreduce=ar)
-    res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact)
-    row: dict[str, Any] = {"trace": str(args.trace), "nodes": cluster.nodes, "network": args.network,
-                           "allreduce": ar, "iteration_s": res.total, **res.totals()}
+    if cal is not None:
+        # the recording machine: its devices from the cpu_local preset (CPU ranks) or the topology
+        # (GPUs; not used by the simulation), its fabric from the calibration
+        base = "cpu_local" if cal.device == "cpu" else args.topology
+        G_cal = cal.devices_per_host
+        share = cal.bandwidth / G_cal  # per device: the shared fabric is split among the ranks on it
+        cluster = cluster_for(base, cal.world_size // G_cal, G_cal, **overrides).replace(
+            name=f"calibrated {cal.transport}/{cal.device}, {cal.fabric} fabric", devices_per_nic=G_cal,
+            intra_node_bandwidth=share, inter_node_bandwidth=cal.bandwidth,
+            intra_node_latency=cal.latency("all_to_allv", cal.world_size) if "all_to_allv" in cal.kinds else 0.0,
+            inter_node_latency=cal.latency("all_to_allv", cal.world_size) if "all_to_allv" in cal.kinds else 0.0)
+        net = cal.network()
+        print(f"trace: {world} ranks; network: the calibrated model of the recording machine ({calibration}; "
+              f"--network / --topology / --nodes do not apply)")
+        print(cal.table())
+        factory = calibrated_collectives(cal)
+        ar = "calibrated"
+    else:
+        cluster = cluster_for(args.topology, nodes, G, **overrides)
+        derived = "" if args.gpus_per_node else f" (GPUs per node derived from the trace; the topology has {default_gpus})"
+        print(f"trace: {world} ranks on {world // G} node(s) of {G} GPUs{derived}")
+        net = make_network(args.network, cluster, bulk_threshold=bulk_threshold, vlb=not args.no_vlb, seed=args.seed,
+                           routing=args.routing)
+        net.hosts_for(world)  # a clear error when the trace needs more hosts
+        factory = network_collectives(world, G, ar)
+    row: dict[str, Any] = {"trace": str(args.trace), "nodes": cluster.nodes, "network": args.network if cal is None
+                           else "calibrated", "allreduce": ar}
+    if per_rank:
+        print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
+        tl = timeline_phases(traces, factory)
+        res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact)
+        val = validate_timeline(tl, res, getattr(args, "warmup_steps", 5))
+        if val.steady():
+            print(val.table())
+        else:
+            print(f"no steady training steps marked in the trace (recorded by Trainer.run, after {val.warmup_steps} "
+                  f"warm-up steps): nothing to compare; the whole trace takes {res.total * 1e3:.3f} ms simulated")
+        summary = val.summary()
+        # the iteration: the predicted step, or without step marks (no Trainer.run) the whole trace
+        it = summary["predicted_step_s"] if val.steady() else res.total
+        row |= {"iteration_s": it, "predicted_step_s": summary["predicted_step_s"],
+                "measured_step_s": summary["measured_step_s"], "step_error": summary["step_error"],
+                "makespan_s": res.total, "validation": summary}
+        res = _comm_only(res)
+    else:
+        phases = trace_phases(traces, G, compute, allreduce=ar)
+        res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact)
+        row["iteration_s"] = res.total
+    row |= res.totals()
     return res, row, cluster

@@ -236,6 +236,9 @@ class Trainer:
         """Backward (embedding rows updated inside, by the fused sparse optimizer) and the dense
         optimizer step."""
         self.optimizer.zero_grad(set_to_none=True)
+        watch = getattr(self.comm, "watch_backward", None)  # a tracer: DDP's waits in the backward
+        if watch is not None:
+            watch(loss)
         with self.timer("backward"):
             loss.backward()
         with self.timer("optimizer"):
@@ -378,8 +381,11 @@ class Trainer:
 
         pipe = TrainPipeline(self, first_step=start) if t.pipeline else None
         end = t.steps  # the step training stops at: earlier when the data ends
+        mark_step = getattr(self.comm, "trace_step", None)  # a tracer: step boundaries in the trace
         try:
             for step in range(start, t.steps):
+                if mark_step is not None:
+                    mark_step(step)
                 t0 = time.perf_counter()
                 _fault_injection(step, self.rank)
                 if pipe is not None:
@@ -428,6 +434,8 @@ class Trainer:
                 result.losses.extend(torch.stack(pending).double().tolist())
             raise
         finally:
+            if mark_step is not None:
+                mark_step(None)
             if pipe is not None:
                 pipe.close()
         if end < t.steps:

@@ -1,0 +1,301 @@
+"""The network simulator against measured runs (issue 14, item 1): predicted vs measured step
+time and per-collective time of real gloo training runs on this machine.
+
+    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~4 min)
+    python benchmarks/sim_validation.py --quick --json v.json   # a smoke run (< 60 s)
+    python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
+
+For each world size W (gloo ranks on this host, one torch thread each):
+
+1. Record: for each plan and mode, train the ``--preset`` (default ``small``: 8 tables of dim 16,
+   b = 256 per rank, MLPs 13-64-32-16 / 64-32-1) for --steps steps with the trainer and the
+   tracer exactly as ``neo-train train --trace-dir`` runs them (``cli.wrap_communicator``,
+   ``Trainer.run``), so the trace holds every rank's recorded timeline (compute between blocking
+   intervals, the intervals, step marks). Plans:
+       tw      every table table-wise (``ShardingPlan.uniform``)
+       rw      every table row-wise
+       twrw    every table table-row-wise on nodes of L ranks (L = W / 2 for even W >= 4, else
+               W: one node), faked through LOCAL_WORLD_SIZE as the tests do
+       mixed   table-wise, with t0 data-parallel, t1 row-wise, t2 column-wise
+   Modes: ``pipelined`` (the trainer's default: a loader thread produces batches and the input
+   dist runs a step ahead) and ``plain`` (``train.pipeline = false``: one thread).
+2. Calibrate the transport on W fresh ranks (``neo_train.topology.calibrate``; the file
+   ``neo-train calibrate --nproc W [--busy-ms X]`` writes): every collective kind x group size
+   2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
+   per_rank) that fits better. Two calibrations:
+       idle    each call after a barrier, the ranks otherwise idle: the transport alone
+       busy    no barrier; before each call every rank computes for X x U(0.5, 1.5), X = the
+               mean compute between two blocking intervals in this W's recorded runs (the
+               runs' duty cycle; nothing of their communication): the transport between
+               CPU-bound ranks, which on a host with fewer free cores than busy processes waits
+               for a core after every hand-off
+3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
+   (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
+   ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
+   collective starting when the last rank of its group issues it, taking alpha + its bytes on
+   the calibrated fabric.
+
+Measured step time: per step, the span from the trainer's step mark to the next, mean over ranks;
+the median over the steps after --warmup (default 4). Predicted: the same spans in the simulated
+schedule. Per collective (marker, kind, sync/async): the median over steady steps and ranks of
+issue-to-done as the rank saw it (a blocking call's return, an async one's wait, DDP's buckets
+their completion), of the time the rank blocked on it, and of its 'net' time (the last rank's call
+to its end, where the run shows it: the network model's own part). Goals (issue 14): step time
+within +-15 % for every case, per collective within +-25 % (those every steady step runs; 'coll'
+is the worst, 'in 25%' how many). The runs share the host with whatever else runs: the load
+average is printed with every case.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
+
+from neo_train.testing import cpu_model, run_ranks  # noqa: E402
+
+PLANS = ("tw", "rw", "twrw", "mixed")
+MODES = ("pipelined", "plain")
+STEP_GOAL, COLL_GOAL = 0.15, 0.25
+
+
+def _calibrate_body(comm, sizes: list[int], iters: int, busy_s: float):
+    from neo_train.topology.calibrate import measure_collectives
+
+    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s)
+
+
+def _train_body(comm, cfg, plan_json: str, trace_dir: str):
+    """``neo-train train --trace-dir``'s path: the job's communicator (tracer outermost), the
+    trainer's loop, every rank dumping its trace."""
+    from neo_train.cli import wrap_communicator
+    from neo_train.sharding import ShardingPlan
+    from neo_train.train import Trainer
+
+    L = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))
+    comm = wrap_communicator(comm, cfg, L)
+    t = Trainer(cfg, comm=comm, plan=ShardingPlan.from_json(plan_json), progress=False, log_dir=None)
+    res = t.run()
+    comm.dump(trace_dir)
+    return {"steps": res.steps, "train_seconds": res.train_seconds, "samples_per_s": res.samples_per_s}
+
+
+def local_world(plan: str, W: int) -> int:
+    return W // 2 if plan == "twrw" and W >= 4 and W % 2 == 0 else W
+
+
+def make_plan(name: str, model, W: int):
+    from neo_train.sharding import ShardingPlan
+
+    L = local_world(name, W)
+    if name == "tw":
+        return ShardingPlan.uniform(model, "table_wise", W, L)
+    if name == "rw":
+        return ShardingPlan.uniform(model, "row_wise", W, L)
+    if name == "twrw":
+        return ShardingPlan.uniform(model, "table_row_wise", W, L)
+    if name == "mixed":
+        names = [t.name for t in model.tables]
+        kinds = ("data_parallel", "row_wise", "column_wise")
+        return ShardingPlan.uniform(model, "table_wise", W, L).with_overrides(model, dict(zip(names, kinds)))
+    raise ValueError(f"unknown plan {name!r} (known: {', '.join(PLANS)})")
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path) -> dict[str, Any]:
+    """Train one case with the tracer on; returns where its trace is and what the trainer said."""
+    trace_dir = workdir / f"w{W}_{plan}_{mode}"
+    if trace_dir.exists():
+        shutil.rmtree(trace_dir)
+    run_cfg = cfg.replace(train=cfg.train.replace(steps=steps, pipeline=mode == "pipelined"),
+                          dist=cfg.dist.replace(trace_dir=str(trace_dir)))
+    plan_obj = make_plan(plan, cfg.model, W)
+    load0 = _load()
+    t0 = time.perf_counter()
+    trained = run_ranks(_train_body, W, run_cfg, plan_obj.to_json(), str(trace_dir),
+                        local_world_size=local_world(plan, W), timeout_s=900)
+    trainer_ms = max(r["train_seconds"] for r in trained) / max(1, trained[0]["steps"]) * 1e3
+    return {"W": W, "plan": plan, "mode": mode, "local_world_size": local_world(plan, W), "trace": str(trace_dir),
+            "trainer_step_ms": trainer_ms, "run_wall_s": time.perf_counter() - t0, "load_before": load0,
+            "load_after": _load()}
+
+
+def compute_gap(trace_dir: str, warmup: int) -> float:
+    """Mean seconds of compute between two blocking intervals of a rank in the steady steps: the
+    length of the busy calibration's compute bursts (the run's duty cycle, not its communication)."""
+    from neo_train.topology.trace_input import load_trace, rank_timelines
+
+    blocks, _ = rank_timelines(load_trace(trace_dir))
+    gaps = [b.compute for bs in blocks.values() for b in bs if b.step is not None and b.step >= warmup]
+    return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
+    """``neo-train simulate --trace --calibration``'s computation on one recorded case."""
+    from neo_train.topology.simulator import simulate
+    from neo_train.topology.trace_input import load_trace, timeline_phases, trace_transports
+    from neo_train.topology.trace_sim import calibrated_collectives, validate_timeline
+
+    traces = load_trace(case["trace"])
+    cal.check_for(case["W"], trace_transports(traces), f"trace {case['trace']}")
+    tl = timeline_phases(traces, calibrated_collectives(cal))
+    t1 = time.perf_counter()
+    res = simulate(tl.phases, cal.network())
+    sim_s = time.perf_counter() - t1
+    val = validate_timeline(tl, res, warmup)
+    s = val.summary()
+    colls = [dict(c, error=c["predicted_s"] / c["measured_s"] - 1 if c["measured_s"] > 0 else float("nan"))
+             for c in s["collectives"]]
+    steady = [c for c in colls if c["n"] >= s["steps"]]  # those of every steady step, not the rare ones (metrics)
+    worst = max((abs(c["error"]) for c in steady), default=0.0)
+    within = sum(abs(c["error"]) <= COLL_GOAL for c in steady)
+    return {"measured_step_ms": s["measured_step_s"] * 1e3, "predicted_step_ms": s["predicted_step_s"] * 1e3,
+            "step_error": s["step_error"], "measured_step_mean_ms": s["measured_step_mean_s"] * 1e3,
+            "predicted_step_mean_ms": s["predicted_step_mean_s"] * 1e3, "step_mean_error": s["step_mean_error"],
+            "steady_steps": s["steps"], "collectives": colls, "worst_collective_error": worst,
+            "collectives_within_goal": [within, len(steady)],
+            "step_ok": abs(s["step_error"]) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL,
+            "sim_wall_s": sim_s, "phases": len(tl.phases), "per_step": val.steps}
+
+
+def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0):
+    from neo_train.topology.calibrate import fit_calibration
+
+    t0 = time.perf_counter()
+    load0 = _load()
+    samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, timeout_s=900)[0]
+    meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load0, "load_after": _load(),
+            "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
+    name = f"calibration_w{W}" + (f"_busy{busy_s * 1e3:.2f}ms" if busy_s else "") + ".json"
+    cal.source = str(cal.save(workdir / name))
+    return cal
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="W = 2 TW and W = 4 TWRW, pipelined, fewer steps (< 60 s)")
+    ap.add_argument("--worlds", default="", help="world sizes, comma-separated (default 2,3,4)")
+    ap.add_argument("--plans", default="", help=f"plans, comma-separated (default {','.join(PLANS)})")
+    ap.add_argument("--modes", default="", help=f"modes, comma-separated (default {','.join(MODES)})")
+    ap.add_argument("--preset", default="small", help="config preset to train (default small)")
+    ap.add_argument("--batch-size", type=int, help="per-rank batch size (default: the preset's)")
+    ap.add_argument("--steps", type=int, default=0, help="training steps per run (default 24, quick 14)")
+    ap.add_argument("--warmup", type=int, default=-1, help="steps left out of the comparison (default 4)")
+    ap.add_argument("--iters", type=int, default=0, help="calibration iterations per cell (default 7, quick 5)")
+    ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
+    ap.add_argument("--calibrations", default="idle,busy",
+                    help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
+                         "mean compute gap); default both")
+    ap.add_argument("--keep", type=Path, help="keep traces and calibrations here (default: a temporary directory)")
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args(argv)
+    from neo_train.config import preset
+    from neo_train.topology.calibrate import DEFAULT_SIZES
+
+    if args.quick:
+        cases = [(2, "tw", "pipelined"), (4, "twrw", "pipelined")]
+    else:
+        worlds = [int(w) for w in args.worlds.split(",")] if args.worlds else [2, 3, 4]
+        plans = args.plans.split(",") if args.plans else list(PLANS)
+        modes = args.modes.split(",") if args.modes else list(MODES)
+        for name in plans:
+            if name not in PLANS:
+                ap.error(f"--plans: unknown plan {name!r} (known: {', '.join(PLANS)})")
+        for name in modes:
+            if name not in MODES:
+                ap.error(f"--modes: unknown mode {name!r} (known: {', '.join(MODES)})")
+        cases = [(W, p, m) for W in worlds for m in modes for p in plans]
+    if args.worlds and args.quick:
+        cases = [c for c in cases if c[0] in {int(w) for w in args.worlds.split(",")}]
+    steps = args.steps or (14 if args.quick else 24)
+    warmup = args.warmup if args.warmup >= 0 else 4
+    iters = args.iters or (5 if args.quick else 7)
+    sizes = [16, 4 << 10, 128 << 10] if args.quick else list(DEFAULT_SIZES)
+    calibrations = args.calibrations.split(",")
+    for name in calibrations:
+        if name not in ("idle", "busy"):
+            ap.error(f"--calibrations: unknown calibration {name!r} (idle, busy)")
+    cfg = preset(args.preset)
+    cfg = cfg.replace(train=cfg.train.replace(kernel_backend=args.backend, eval_every=0, eval_batches=1,
+                                              **({"batch_size": args.batch_size} if args.batch_size else {})))
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="sim_validation_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "
+          f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up), calibration {len(sizes)} sizes x "
+          f"{iters} iterations; files in {workdir}", flush=True)
+    t_start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    cals: dict[str, Any] = {}
+    for W in sorted({c[0] for c in cases}):
+        # record this W's runs, then calibrate its transport: idle, and busy at the runs' duty cycle
+        cases_w = [record(cfg, p, W, m, steps, workdir) for w, p, m in cases if w == W]
+        for c in cases_w:
+            print(f"recorded W={W} {c['plan']:<5} {c['mode']:<9} (trainer {c['trainer_step_ms']:.2f} ms/step, "
+                  f"load {c['load_before']:.2f}->{c['load_after']:.2f})", flush=True)
+        cal_idle = calibrate(W, sizes, iters, workdir) if "idle" in calibrations else None
+        gap = statistics.median(compute_gap(c["trace"], warmup) for c in cases_w)
+        cal_busy = calibrate(W, sizes, iters, workdir, busy_s=gap) if "busy" in calibrations else None
+        for name, cal in (("idle", cal_idle), ("busy", cal_busy)):
+            if cal is None or name not in calibrations:
+                continue
+            cals[f"{W}:{name}"] = cal
+            print(f"[{name}{f', compute bursts {gap * 1e3:.2f} ms' if name == 'busy' else ''}] {cal.table()}", flush=True)
+            for c in cases_w:
+                row = dict(c, calibration=name, busy_s=gap if name == "busy" else 0.0) | predict(c, cal, warmup)
+                rows.append(row)
+                print(f"W={W} {c['plan']:<5} {c['mode']:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
+                      f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}); worst collective "
+                      f"{row['worst_collective_error']:6.1%}", flush=True)
+    print(f"\npredicted vs measured (medians over steady steps; 'coll' = the worst per-collective error of "
+          f"those every step runs; goals: step +-{STEP_GOAL:.0%}, collective +-{COLL_GOAL:.0%})")
+    print(f"{'W':>2} {'plan':<5} {'mode':<9} {'calib':<5} {'meas ms':>8} {'pred ms':>8} {'step err':>8} {'mean err':>8} "
+          f"{'coll':>7} {'in 25%':>6} {'trainer ms':>10} {'load':>9} verdict")
+    for r in rows:
+        verdict = "PASS" if r["step_ok"] and r["collectives_ok"] else (
+            "step ok, collective FAIL" if r["step_ok"] else "FAIL")
+        print(f"{r['W']:>2} {r['plan']:<5} {r['mode']:<9} {r['calibration']:<5} {r['measured_step_ms']:8.2f} "
+              f"{r['predicted_step_ms']:8.2f} {r['step_error']:+8.1%} {r['step_mean_error']:+8.1%} "
+              f"{r['worst_collective_error']:7.1%} {'%d/%d' % tuple(r['collectives_within_goal']):>6} "
+              f"{r['trainer_step_ms']:10.2f} {r['load_before']:4.1f}-"
+              f"{r['load_after']:<4.1f} {verdict}")
+    print("\nper collective, medians in ms, measured / predicted: took (issue to done, as the rank saw it) and its "
+          "error; blocked (the rank waiting in it); net (the last rank's call to the collective's end: the network "
+          "model's own part, where the run shows it)")
+    for r in rows:
+        print(f"W={r['W']} {r['plan']} {r['mode']} ({r['calibration']} calibration):")
+        for c in r["collectives"]:
+            net = (f"   net {c['measured_net_s'] * 1e3:7.3f} / {c['predicted_net_s'] * 1e3:7.3f}"
+                   if c.get("measured_net_s") is not None else "")
+            print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} {c['measured_s'] * 1e3:8.3f} / "
+                  f"{c['predicted_s'] * 1e3:8.3f} {c['error']:+7.1%}   blocked {c['measured_blocked_s'] * 1e3:7.3f} / "
+                  f"{c['predicted_blocked_s'] * 1e3:7.3f}{net}")
+    total = time.perf_counter() - t_start
+    print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
+    report = {"benchmark": "sim_validation", "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()},
+              "args": {"preset": cfg.name, "batch_size": cfg.train.batch_size, "steps": steps, "warmup": warmup,
+                       "iters": iters, "sizes": sizes, "quick": args.quick},
+              "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
+              "calibrations": {k: c.to_dict() for k, c in cals.items()},
+              "rows": rows, "seconds": total}
+    write_outputs(report, args.json, None, lambda path, rep: None)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,536 @@
+"""A measured model of one machine's collectives, for simulating traces recorded on it.
+
+    samples = measure_collectives(comm)                 # on every rank of a job (any Communicator)
+    cal = fit_calibration(samples, world_size=4, transport="gloo", device="cpu")
+    cal.save("calib_w4.json"); cal = Calibration.load("calib_w4.json")
+    net = cal.network()                                  # the flat network the fit describes
+    comm = cal.comm("all_to_allv", group, sizes, name="a2a", after=(...))   # a Comm on it
+    cal.latency("all_to_allv", 4)                        # seconds, added before the Comm
+
+``neo-train calibrate --nproc 4 --out calib_w4.json`` measures and writes the file;
+``neo-train simulate --trace DIR --calibration calib_w4.json`` uses it.
+
+Model. A collective of kind k among g ranks takes ``alpha[k][g] + beta[k] * x``, where x is the
+time the flow simulator gives its bytes on the *fabric* at one byte per second. Two fabrics are
+fitted and the one with the smaller error is kept:
+
+    shared     every rank behind one link of capacity C (ranks on one host whose transfers are
+               copies by the same CPUs, e.g. gloo over loopback): x = bytes that leave a rank,
+               summed over ranks (all-to-all: the off-diagonal splits; ring all-reduce 2(g-1)S;
+               all-gather / reduce-scatter (g-1)T of the total T)
+    per_rank   one link of capacity C per rank (a GPU behind its own NVLink port / NIC): the
+               simulator's direct all-to-all, ring all-reduce and ring all-gather among g hosts
+
+``alpha`` is per kind and group size (the fixed cost: software, synchronisation, scheduling of
+more processes than cores); ``beta`` is per kind, shared by every group size (it is the fabric's).
+C = 1 / beta of the all-to-all (the plainest transport measurement); another kind's bytes are
+scaled by ``byte_factor = beta[k] / beta[all_to_allv]`` (its reductions, its algorithm's extra
+copies). The fit minimises relative errors (sizes span six orders of magnitude) with non-negative
+coefficients. In the simulator a collective is a ``Compute`` of alpha (it holds no link) followed
+by its ``Comm``, so concurrent collectives share the fabric's bandwidth but not their latencies.
+
+Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job; the
+others wait at the barrier) and message size, each call follows a barrier; an iteration's time is
+the smallest over the group's ranks of call-to-return (the last rank to arrive sees the collective
+alone, the others also their wait for it: what the simulator adds from the trace); a cell's time
+is the median over iterations, the cells taking turns iteration by iteration so that a noisy
+stretch of a shared host hits all of them alike. Only the ``Communicator`` interface is used, so
+the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is
+read after the collective, which synchronises the stream).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .collectives import all_reduce as _ring_all_reduce
+from .collectives import ring_all_gather
+from .flat import FlatNetwork
+from .simulator import Comm, Transfer, simulate
+
+__all__ = ["Calibration", "KindFit", "CalibrationError", "KINDS", "FABRICS", "FORMAT", "DEFAULT_SIZES",
+           "measure_collectives", "fit_calibration", "fabric_comm", "nnls", "add_calibrate_arguments", "parse_sizes"]
+
+FORMAT = "neo_train.calibration/1"
+KINDS = ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")
+FABRICS = ("shared", "per_rank")
+DEFAULT_SIZES = (16, 256, 4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20)
+"""Bytes of one rank's input tensor (param's in_msg_size x dtype): an all-to-all sends them split
+evenly over the group, an all-reduce reduces them, an all-gather contributes them, a
+reduce-scatter reduces them into g segments."""
+
+
+class CalibrationError(ValueError):
+    """A calibration file that is unreadable, malformed, or for another machine than the trace."""
+
+
+@dataclass(frozen=True)
+class KindFit:
+    latency_s: dict[int, float]
+    """alpha per group size (seconds)."""
+    seconds_per_byte: float
+    """beta: seconds per unit of x (bytes on the fabric at one byte per second)."""
+    byte_factor: float = 1.0
+    rms_rel_err: float = 0.0
+    max_rel_err: float = 0.0
+    samples: int = 0
+
+
+# ---- collectives on the calibrated fabric ----------------------------------------------------------
+
+def fabric_comm(kind: str, group: Sequence[int], sizes: Any, fabric: str, *, name: str, after: Sequence[str] = (),
+                byte_factor: float = 1.0) -> Comm:
+    """The collective of ``kind`` among the global ranks ``group`` on ``fabric`` (hosts: 0 for
+    every rank when shared, the rank itself per_rank). ``sizes`` in bytes: all_to_allv a (g, g)
+    matrix (group[i] sends sizes[i][j] to group[j]); all_reduce S; all_gather / reduce_scatter the
+    g per-rank segments; barrier anything (it moves nothing). Bytes are scaled by ``byte_factor``."""
+    g = len(group)
+    f = float(byte_factor)
+    if kind == "barrier" or g < 2:
+        return Comm(name, (), tuple(after), kind, "calibrated", 0.0)
+    if fabric == "shared":
+        if kind == "all_to_allv":
+            M = np.asarray(sizes, dtype=np.float64)
+            x = float(M.sum() - np.trace(M))
+        elif kind == "all_reduce":
+            x = 2.0 * (g - 1) * float(sizes)
+        elif kind in ("all_gather", "reduce_scatter"):
+            x = (g - 1) * float(np.sum(sizes))
+        else:
+            raise ValueError(f"fabric_comm: unknown collective kind {kind!r} (known: {KINDS})")
+        payload = float(np.sum(sizes)) if kind != "all_reduce" else float(sizes)
+        rounds = (Transfer([0], [0], [x * f]),) if x > 0 else ()
+        return Comm(name, rounds, tuple(after), _report_kind(kind), "calibrated", payload)
+    if fabric != "per_rank":
+        raise ValueError(f"fabric_comm: unknown fabric {fabric!r} (known: {FABRICS})")
+    hosts = list(group)
+    if kind == "all_to_allv":
+        M = np.asarray(sizes, dtype=np.float64) * f
+        np.fill_diagonal(M, 0.0)
+        i, j = np.nonzero(M)
+        h = np.asarray(hosts)
+        return Comm(name, (Transfer(h[i], h[j], M[i, j]),), tuple(after), "all_to_all", "calibrated",
+                    float(np.sum(sizes)))
+    if kind == "all_reduce":
+        c = _ring_all_reduce("ring", hosts, float(sizes) * f, name=name, after=after)
+        return Comm(name, c.rounds, tuple(after), "all_reduce", "calibrated", float(sizes))
+    if kind in ("all_gather", "reduce_scatter"):
+        c = ring_all_gather(hosts, float(np.sum(sizes)) * f, name=name, after=after, collective=kind)
+        return Comm(name, c.rounds, tuple(after), kind, "calibrated", float(np.sum(sizes)))
+    raise ValueError(f"fabric_comm: unknown collective kind {kind!r} (known: {KINDS})")
+
+
+def _report_kind(kind: str) -> str:
+    return "all_to_all" if kind == "all_to_allv" else kind
+
+
+def _even_sizes(kind: str, g: int, nbytes: float) -> Any:
+    """``fabric_comm`` sizes of a calibration sample: one rank's input of ``nbytes``."""
+    if kind == "all_to_allv":
+        return np.full((g, g), nbytes / g)
+    if kind == "all_reduce":
+        return float(nbytes)
+    if kind == "all_gather":
+        return [float(nbytes)] * g
+    return [nbytes / g] * g  # reduce_scatter: g segments of the rank's input
+
+
+def _unit_time(kind: str, g: int, nbytes: float, fabric: str) -> float:
+    """x: the sample's bytes on ``fabric`` at one byte per second (simulated, no latency)."""
+    comm = fabric_comm(kind, list(range(g)), _even_sizes(kind, g, nbytes), fabric, name="x")
+    if not comm.rounds:
+        return 0.0
+    return simulate([comm], _unit_network(fabric, g)).total
+
+
+def _unit_network(fabric: str, world: int, bandwidth: float = 1.0) -> FlatNetwork:
+    if fabric == "shared":
+        return FlatNetwork(1, host_bandwidth=bandwidth, hop_latency=0.0, devices_per_host=world,
+                           intra_bandwidth=bandwidth / world)
+    return FlatNetwork(world, host_bandwidth=bandwidth, hop_latency=0.0, devices_per_host=1,
+                       intra_bandwidth=bandwidth)
+
+
+# ---- fitting ----------------------------------------------------------------------------------------
+
+def nnls(A: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """min ||A x - b|| subject to x >= 0 (Lawson-Hanson active set; small dense problems)."""
+    A, b = np.asarray(A, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n = A.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    for _ in range(iters):
+        w = A.T @ (b - A @ x)
+        cand = ~passive & (w > 1e-12 * max(1.0, float(np.abs(w).max(initial=0.0))))
+        if not cand.any():
+            break
+        passive[int(np.argmax(np.where(cand, w, -np.inf)))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            step = np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300))
+            x = x + step * (z - x)
+            passive &= x > 1e-15
+    return x
+
+
+def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
+    groups = sorted({int(r["group"]) for r in rows})
+    col = {g: i for i, g in enumerate(groups)}
+    t = np.array([float(r["seconds"]) for r in rows])
+    A = np.zeros((len(rows), len(groups) + 1))
+    for i, r in enumerate(rows):
+        A[i, col[int(r["group"])]] = 1.0
+        A[i, -1] = xs[i]
+    coef = nnls(A / t[:, None], np.ones(len(rows)))
+    rel = (A @ coef - t) / t
+    return KindFit({g: float(coef[col[g]]) for g in groups}, float(coef[-1]), 1.0,
+                   float(np.sqrt(np.mean(rel ** 2))), float(np.abs(rel).max()), len(rows))
+
+
+def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, transport: str, device: str,
+                    fabrics: Sequence[str] = FABRICS, meta: Mapping[str, Any] | None = None) -> "Calibration":
+    """Fit alpha per (kind, group size) and beta per kind on each fabric; keep the fabric with the
+    smaller RMS relative error. ``samples``: dicts with kind, group, bytes, seconds (more keys are
+    kept in the file). A ValueError when nothing depends on size (no bandwidth to fit)."""
+    if not samples:
+        raise ValueError("fit_calibration: no samples")
+    for i, s in enumerate(samples):
+        if s.get("kind") not in KINDS:
+            raise ValueError(f"fit_calibration: sample {i} has kind {s.get('kind')!r} (known: {KINDS})")
+        if not (int(s.get("group", 0)) >= 2 and float(s.get("seconds", 0)) > 0 and float(s.get("bytes", -1)) >= 0):
+            raise ValueError(f"fit_calibration: sample {i} needs group >= 2, bytes >= 0 and seconds > 0, got {dict(s)}")
+    best: tuple[float, str, dict[str, KindFit], float] | None = None
+    errs: dict[str, float] = {}
+    for fab in fabrics:
+        fits: dict[str, KindFit] = {}
+        sq, n, share = 0.0, 0, 0.0
+        for kind in KINDS:
+            rows = [s for s in samples if s["kind"] == kind]
+            if not rows:
+                continue
+            xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fab) for r in rows]
+            fits[kind] = f = _fit_kind(rows, xs)
+            sq += f.rms_rel_err ** 2 * len(rows)
+            n += len(rows)
+            # how much of a sample's time the bandwidth term explains, at most
+            share = max([share] + [f.seconds_per_byte * x / float(r["seconds"]) for x, r in zip(xs, rows)])
+        errs[fab] = math.sqrt(sq / n)
+        if best is None or errs[fab] < best[0]:
+            best = (errs[fab], fab, fits, share)
+    assert best is not None
+    _, fabric, fits, share = best
+    ref = fits.get("all_to_allv")
+    beta_ref = ref.seconds_per_byte if ref is not None and ref.seconds_per_byte > 0 else max(
+        f.seconds_per_byte for f in fits.values())
+    if beta_ref <= 0 or share < 1e-3:
+        raise ValueError("fit_calibration: no collective's time grows with its size in these samples (give larger "
+                         "message sizes): there is no bandwidth to fit")
+    kinds = {k: KindFit(f.latency_s, f.seconds_per_byte, f.seconds_per_byte / beta_ref, f.rms_rel_err, f.max_rel_err,
+                        f.samples) for k, f in fits.items()}
+    return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,
+                       [dict(s) for s in samples], dict(meta or {}))
+
+
+# ---- the calibration --------------------------------------------------------------------------------
+
+@dataclass
+class Calibration:
+    transport: str
+    """The process groups' backend: gloo, nccl, ..."""
+    device: str
+    """cpu or cuda."""
+    world_size: int
+    fabric: str
+    bandwidth: float
+    """C, bytes per second of the fabric's link(s)."""
+    kinds: dict[str, KindFit]
+    fabric_rms_rel_err: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def network(self) -> FlatNetwork:
+        """The fabric as a flat network (no hop latency: alpha carries the fixed costs)."""
+        return _unit_network(self.fabric, self.world_size, self.bandwidth)
+
+    def host_of(self, rank: int) -> int:
+        return 0 if self.fabric == "shared" else int(rank)
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.world_size if self.fabric == "shared" else 1
+
+    def _where(self) -> str:
+        return f"calibration {self.source}" if self.source else "calibration"
+
+    def fit_for(self, kind: str) -> KindFit:
+        """The fit of ``kind`` (a barrier uses the all-reduce's latency)."""
+        k = "all_reduce" if kind == "barrier" else kind
+        if k not in self.kinds:
+            raise CalibrationError(f"{self._where()} has no fit for {k} (it has {', '.join(sorted(self.kinds))}); "
+                                   f"calibrate with that collective")
+        return self.kinds[k]
+
+    def latency(self, kind: str, group_size: int) -> float:
+        """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one)."""
+        if group_size < 2:
+            return 0.0
+        fit = self.fit_for(kind)
+        if group_size not in fit.latency_s:
+            raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
+                                   f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
+        return fit.latency_s[group_size]
+
+    def comm(self, kind: str, group: Sequence[int], sizes: Any, *, name: str, after: Sequence[str] = ()) -> Comm:
+        """The collective's bytes on the fabric (``fabric_comm``, scaled by the kind's byte factor)."""
+        factor = 0.0 if kind == "barrier" else self.fit_for(kind).byte_factor
+        hosts = [self.host_of(r) for r in group] if self.fabric == "per_rank" else list(group)
+        return fabric_comm(kind, hosts, sizes, self.fabric, name=name, after=after, byte_factor=factor)
+
+    def predict(self, kind: str, group_size: int, nbytes: float) -> float:
+        """Seconds the model gives one collective alone: alpha + its bytes' simulated time."""
+        fit = self.fit_for(kind)
+        return self.latency(kind, group_size) + fit.seconds_per_byte * _unit_time(kind, group_size, nbytes, self.fabric)
+
+    def check_for(self, world_size: int, transports: Sequence[str], what: str = "the trace") -> None:
+        """CalibrationError unless this calibration describes ``what``'s machine: its world size
+        and (when ``what`` records it) transport."""
+        if world_size != self.world_size:
+            raise CalibrationError(f"{self._where()} is for {self.world_size} ranks but {what} has {world_size} "
+                                   f"(calibrate with --nproc {world_size})")
+        other = sorted({t for t in transports if t and t != self.transport})
+        if other:
+            raise CalibrationError(f"{self._where()} measured transport {self.transport!r} but {what} ran on "
+                                   f"{', '.join(map(repr, other))}")
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "transport": self.transport, "device": self.device, "world_size": self.world_size,
+            "fabric": self.fabric, "bandwidth_Bps": self.bandwidth,
+            "kinds": {k: {"latency_s": {str(g): a for g, a in sorted(f.latency_s.items())},
+                          "seconds_per_byte": f.seconds_per_byte, "byte_factor": f.byte_factor,
+                          "rms_rel_err": f.rms_rel_err, "max_rel_err": f.max_rel_err, "samples": f.samples}
+                      for k, f in self.kinds.items()},
+            "fabric_rms_rel_err": self.fabric_rms_rel_err, "meta": self.meta, "samples": self.samples,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        """Read and check a calibration file; CalibrationError naming the file and field."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise CalibrationError(f"calibration {p}: no such file (make one with neo-train calibrate --nproc W "
+                                   f"--out {p})") from None
+        except IsADirectoryError:
+            raise CalibrationError(f"calibration {p} is a directory, not a calibration file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CalibrationError(f"calibration {p}: not valid JSON ({e})") from None
+        return cls.from_dict(data, str(p))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "") -> "Calibration":
+        where = f"calibration {source}" if source else "calibration"
+        if not isinstance(data, dict):
+            raise CalibrationError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT:
+            raise CalibrationError(f"{where}: field 'format' is {data.get('format')!r}, expected {FORMAT!r} "
+                                   f"(not a calibration file, or another version)")
+
+        def num(v: Any, key: str, positive: bool = False) -> float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
+                    positive and v <= 0):
+                raise CalibrationError(f"{where}: field '{key}' must be a finite number "
+                                       f"{'> 0' if positive else '>= 0'}, got {v!r}")
+            return float(v)
+
+        for key in ("transport", "device", "fabric"):
+            if not isinstance(data.get(key), str) or not data[key]:
+                raise CalibrationError(f"{where}: field '{key}' must be a non-empty string, got {data.get(key)!r}")
+        if data["fabric"] not in FABRICS:
+            raise CalibrationError(f"{where}: field 'fabric' is {data['fabric']!r}, expected one of {FABRICS}")
+        W = data.get("world_size")
+        if isinstance(W, bool) or not isinstance(W, int) or W < 2:
+            raise CalibrationError(f"{where}: field 'world_size' must be an integer >= 2, got {W!r}")
+        bw = num(data.get("bandwidth_Bps"), "bandwidth_Bps", positive=True)
+        kinds_raw = data.get("kinds")
+        if not isinstance(kinds_raw, dict) or not kinds_raw:
+            raise CalibrationError(f"{where}: field 'kinds' must be an object of per-collective fits")
+        kinds: dict[str, KindFit] = {}
+        for k, f in kinds_raw.items():
+            if k not in KINDS:
+                raise CalibrationError(f"{where}: field 'kinds' names {k!r}, not a collective ({', '.join(KINDS)})")
+            if not isinstance(f, dict) or not isinstance(f.get("latency_s"), dict) or not f["latency_s"]:
+                raise CalibrationError(f"{where}: field 'kinds.{k}.latency_s' must be an object {{group size: seconds}}")
+            lat = {}
+            for g, a in f["latency_s"].items():
+                if not str(g).isdecimal() or int(g) < 2:
+                    raise CalibrationError(f"{where}: field 'kinds.{k}.latency_s' has group size {g!r} (need >= 2)")
+                lat[int(g)] = num(a, f"kinds.{k}.latency_s.{g}")
+            kinds[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"kinds.{k}.seconds_per_byte"),
+                               num(f.get("byte_factor"), f"kinds.{k}.byte_factor"),
+                               float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
+                               int(f.get("samples") or 0))
+        return cls(data["transport"], data["device"], W, data["fabric"], bw, kinds,
+                   dict(data.get("fabric_rms_rel_err") or {}), list(data.get("samples") or []),
+                   dict(data.get("meta") or {}), source)
+
+    def table(self) -> str:
+        """The fit, one line per kind: latency per group size, bandwidth, errors."""
+        lines = [f"calibration: {self.transport} on {self.device}, {self.world_size} ranks, fabric {self.fabric} "
+                 f"({', '.join(f'{k} rms {v:.1%}' for k, v in self.fabric_rms_rel_err.items())}), "
+                 f"C = {self.bandwidth / 1e9:.3f} GB/s"]
+        for k, f in self.kinds.items():
+            lat = ", ".join(f"g={g}: {a * 1e6:.0f} us" for g, a in sorted(f.latency_s.items()))
+            lines.append(f"  {k:<15} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms {f.rms_rel_err:.1%}, "
+                         f"max {f.max_rel_err:.1%} over {f.samples} samples")
+        return "\n".join(lines)
+
+
+# ---- measuring (on every rank of a job) ------------------------------------------------------------
+
+def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kinds: Sequence[str] = KINDS,
+                        groups: Sequence[int] | None = None, iters: int = 7, warmup: int = 2,
+                        busy_s: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
+    Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
+    group, bytes, seconds (median over iterations), p25 / p75 and iters. See the module docstring.
+
+    ``busy_s`` > 0: instead of a barrier, before each call every rank computes for ``busy_s`` x
+    U(0.5, 1.5) seconds (one thread, a kernel that releases the GIL), so the ranks arrive skewed
+    and, as in training, stay CPU-bound between collectives: on a host with fewer free cores than
+    busy processes a woken rank then waits for a core, which is what communication costs there.
+    An iteration's time is then the mean over the group's ranks of (return - the last rank's
+    call), on the wall clock (one host, or synchronised clocks); without ``busy_s``, the smallest
+    call-to-return over the group's ranks, each call after a barrier."""
+    import random
+
+    import torch
+
+    W, rank = comm.world_size, comm.rank
+    device = getattr(comm, "device", "cpu")
+    groups = sorted(set(groups or range(2, W + 1)))
+    if any(g < 2 or g > W for g in groups):
+        raise ValueError(f"measure_collectives: group sizes must lie in 2..{W}, got {groups}")
+    if not (math.isfinite(busy_s) and busy_s >= 0):
+        raise ValueError(f"measure_collectives: busy_s must be a finite number >= 0, got {busy_s}")
+    subs = {}
+    for g in groups:  # every rank takes part in creating every group
+        subs[g] = comm if g == W else comm.subgroup(list(range(g)), name=f"calibrate{g}")
+    cells = [(k, g, s) for k in kinds for g in groups for s in sizes]
+    ops = {}
+    for k, g, s in cells:
+        sub = subs[g]
+        if sub is None:
+            continue
+        n = max(g, (int(s) // 4) // g * g)  # float32 elements, a multiple of g
+        x = torch.ones(n, device=device)
+        if k == "all_to_allv":
+            sp = [n // g] * g
+            ops[(k, g, s)] = lambda sub=sub, x=x, sp=sp: sub.all_to_all_v(x, sp, sp, tag="calibrate")
+        elif k == "all_reduce":
+            ops[(k, g, s)] = lambda sub=sub, x=x: sub.all_reduce(x.clone(), tag="calibrate")
+        elif k == "all_gather":
+            ops[(k, g, s)] = lambda sub=sub, x=x, g=g, n=n: sub.all_gather_v(x, [n] * g, tag="calibrate")
+        elif k == "reduce_scatter":
+            ops[(k, g, s)] = lambda sub=sub, x=x, g=g, n=n: sub.reduce_scatter_v(x, [n // g] * g, tag="calibrate")
+        else:
+            raise ValueError(f"measure_collectives: unknown kind {k!r} (known: {KINDS})")
+    rng = random.Random(seed * 1000 + rank)
+    work = torch.randn(96, 96, device=device)
+    # per cell and iteration: (call, return) on the wall clock (busy) or the call's length
+    calls = np.full((len(cells), warmup + iters), np.nan)
+    rets = np.full((len(cells), warmup + iters), np.nan)
+    for it in range(warmup + iters):
+        for c, cell in enumerate(cells):
+            if busy_s > 0:  # no barrier: the collectives themselves keep the ranks in step, as in training
+                _busy(work, busy_s * rng.uniform(0.5, 1.5))
+            else:
+                comm.barrier()
+            op = ops.get(cell)
+            if op is None:
+                continue
+            t0 = time.time_ns() if busy_s > 0 else time.perf_counter_ns()
+            out = op()
+            if getattr(out, "is_cuda", False):
+                float(out.reshape(-1)[:1].sum())  # the result on the host: the stream is done
+            t1 = time.time_ns() if busy_s > 0 else time.perf_counter_ns()
+            calls[c, it], rets[c, it] = t0, t1
+    mine = torch.tensor(np.stack([calls[:, warmup:], rets[:, warmup:]]).reshape(-1), dtype=torch.float64, device=device)
+    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 2, len(cells), iters)
+    out = []
+    for c, (k, g, s) in enumerate(cells):
+        call, ret = got[:g, 0, c, :], got[:g, 1, c, :]  # the group's ranks are 0..g-1
+        if busy_s > 0:
+            per_iter = (ret.mean(axis=0) - call.max(axis=0)) / 1e9
+        else:
+            per_iter = (ret - call).min(axis=0) / 1e9
+        n = max(g, (int(s) // 4) // g * g)
+        q = np.percentile(per_iter, [25, 50, 75])
+        out.append({"kind": k, "group": g, "bytes": 4 * n, "seconds": float(max(q[1], 1e-7)), "p25": float(q[0]),
+                    "p75": float(q[2]), "iters": iters, "busy_s": busy_s})
+    return out
+
+
+def _busy(work: Any, seconds: float) -> None:
+    """Keep this rank's thread computing for ``seconds`` (matrix products: the GIL is released)."""
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        work @ work
+
+
+# ---- the command's flags (``neo-train calibrate``; cli.py launches the ranks) ----------------------
+
+def parse_sizes(text: str) -> list[int]:
+    """'16,4KB,1MB' -> bytes (a ValueError naming the bad entry)."""
+    units = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+    out = []
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        num = part.rstrip("KMGBkmgb")
+        unit = part[len(num):].upper()
+        try:
+            v = float(num) * units[unit]
+        except (ValueError, KeyError):
+            raise ValueError(f"--sizes: cannot read {part!r} (e.g. 16,4KB,1MB)") from None
+        if not (math.isfinite(v) and v >= 4):
+            raise ValueError(f"--sizes: {part!r} must be at least 4 bytes")
+        out.append(int(v))
+    if not out:
+        raise ValueError("--sizes: give one or more sizes, e.g. 16,4KB,1MB")
+    return out
+
+
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    from ..config import nonnegative_float, positive_float, positive_int
+
+    p.add_argument("--out", type=Path, required=True, help="the calibration JSON to write")
+    p.add_argument("--nproc", type=positive_int,
+                   help="local ranks to start via torchrun (default: 2 on CPU, one per GPU): the world size of the "
+                        "traces it will simulate; under torchrun, its ranks")
+    p.add_argument("--sizes", default="", help="bytes of one rank's input per collective, e.g. 16,4KB,1MB "
+                                               f"(default {','.join(map(str, DEFAULT_SIZES))})")
+    p.add_argument("--iters", type=positive_int, default=9, help="timed calls per cell (default 9; the median counts)")
+    p.add_argument("--busy-ms", type=nonnegative_float, default=0.0,
+                   help="every rank computes for about this long before each call (the run's compute between "
+                        "collectives): calibrates the transport on a host whose ranks are CPU-bound (default 0: idle)")
+    p.add_argument("--timeout", type=positive_float, default=300.0, help="collective timeout, seconds")

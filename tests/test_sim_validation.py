@@ -1,0 +1,395 @@
+"""Simulating a recorded run (issue 14, item 1): the ranks' recorded timelines, per-rank chains joined
+at collectives, the calibration's fit and file, and the command line's errors. Mechanics only:
+no assertion here depends on how fast this machine runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neo_train.topology.calibrate import (
+    FORMAT, Calibration, CalibrationError, KindFit, _unit_time, fabric_comm, fit_calibration, nnls,
+)
+from neo_train.topology.simulator import simulate
+from neo_train.topology.trace_input import load_trace, rank_timelines, timeline_phases
+from neo_train.topology.trace_sim import calibrated_collectives, validate_timeline
+
+ROOT = Path(__file__).resolve().parents[1]
+MS = 1_000_000  # ns
+
+
+def _cal(world: int = 2, fabric: str = "shared", bandwidth: float = 1e9) -> Calibration:
+    kinds = {"all_to_allv": KindFit({2: 1e-3}, 1 / bandwidth), "all_reduce": KindFit({2: 2e-3}, 1 / bandwidth),
+             "all_gather": KindFit({2: 1e-3}, 1 / bandwidth), "reduce_scatter": KindFit({2: 1e-3}, 1 / bandwidth)}
+    return Calibration("gloo", "cpu", world, fabric, bandwidth, kinds)
+
+
+# ---- a hand-made two-rank trace: the chains and their joins, to the nanosecond --------------------
+
+def _entry(comms, pg, order, compute, call, *, step=None, lead=None, size=0, async_op=False, wait=None,
+           duration=None):
+    e = {"comms": comms, "pg_id": pg, "global_ranks": [0, 1], "world_size": 2, "dtype": "float",
+         "in_msg_size": size, "out_msg_size": size, "in_split": [size // 2] * 2 if comms == "all_to_allv" else [],
+         "out_split": [size // 2] * 2 if comms == "all_to_allv" else [], "markers": [f"{comms}{pg}"],
+         "order": order, "compute_ns": compute, "call_ns": call, "async": async_op, "step": step,
+         "startTime_ns": 0, "duration_ns": duration if duration is not None else call, "backend": "gloo"}
+    if lead is not None:
+        e["step_start_ns"] = lead
+    if wait is not None:
+        by, order_w, compute_w, ns = wait
+        e.update(joined_by=by, wait_order=order_w, wait_compute_ns=compute_w, wait_ns=ns, wait_step=step)
+    return e
+
+
+def _hand_trace(path: Path) -> Path:
+    """Rank 0 / rank 1: a blocking all-to-all; step 0 begins; an async all-to-all waited for;
+    an async all-reduce of 1 MB (250,000 floats) joined at a backward's end; the loop ends; a
+    blocking all-to-all. Rank 1 computes longer before the step's first all-to-all and before
+    the all-reduce, so rank 0 waits for it."""
+    S = 250_000
+    r0 = [_entry("all_to_allv", 0, 0, None, 1 * MS),
+          _entry("all_to_allv", 0, 1, 1 * MS, MS // 10, step=0, lead=MS // 2, async_op=True,
+                 wait=("wait", 2, 2 * MS, 9 * MS // 10), duration=3 * MS),
+          _entry("all_reduce", 1, 3, 1 * MS, 0, step=0, size=S, async_op=True, wait=("backward", 4, MS // 2, 45 * MS // 10),
+                 duration=5 * MS),
+          _entry("all_to_allv", 0, 5, 1 * MS, 1 * MS, step=None, lead=0)]
+    r1 = [_entry("all_to_allv", 0, 0, None, 1 * MS),
+          _entry("all_to_allv", 0, 1, 3 * MS, MS // 10, step=0, lead=1 * MS, async_op=True,
+                 wait=("wait", 2, MS // 2, 4 * MS // 10)),
+          _entry("all_reduce", 1, 3, 2 * MS, 0, step=0, size=S, async_op=True, wait=("backward", 4, MS // 2, 35 * MS // 10)),
+          _entry("all_to_allv", 0, 5, 1 * MS, 1 * MS, step=None, lead=0)]
+    path.mkdir(parents=True, exist_ok=True)
+    for r, es in enumerate((r0, r1)):
+        (path / f"trace_rank{r}.json").write_text(json.dumps(es))
+    return path
+
+
+def test_per_rank_chains_join_at_collectives(tmp_path):
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    tl = timeline_phases(traces, calibrated_collectives(_cal()))
+    res = simulate(tl.phases, _cal().network())
+    end = {p.name: p.end * 1e3 for p in res.phases}  # ms
+
+    def at(rank, order):
+        a, b = tl.nodes[(rank, order)]
+        return end[a], end[b]
+
+    # the first all-to-all: both arrive at 0, alpha 1 ms
+    assert at(0, 0) == pytest.approx((0.0, 1.0)) and at(1, 0) == pytest.approx((0.0, 1.0))
+    # async launch: rank 0 issues at 2 ms, rank 1 at 4 ms; the launch (0.1 ms) is the rank's work
+    assert at(0, 1) == pytest.approx((2.0, 2.1)) and at(1, 1) == pytest.approx((4.0, 4.1))
+    # it starts with the last arrival (4 ms) and ends alpha later; both waits end there
+    assert at(0, 2) == pytest.approx((4.1, 5.0)) and at(1, 2) == pytest.approx((4.6, 5.0))
+    # the all-reduce: last arrival 7 ms, alpha 2 ms, 2 (g-1) S = 2 MB at 1 GB/s = 2 ms -> 11 ms
+    assert at(0, 3) == pytest.approx((6.0, 6.0)) and at(1, 3) == pytest.approx((7.0, 7.0))
+    assert at(0, 4) == pytest.approx((6.5, 11.0)) and at(1, 4) == pytest.approx((7.5, 11.0))
+    assert at(0, 5) == pytest.approx((12.0, 13.0)) and at(1, 5) == pytest.approx((12.0, 13.0))
+    # step 0 began 0.5 ms (rank 0) / 1 ms (rank 1) before the async call; the loop's end closes it
+    bounds = {r: [(s, end[n]) for s, n, _ in b] for r, b in tl.boundaries.items()}
+    assert bounds[0] == [(0, pytest.approx(1.5)), (None, pytest.approx(12.0))]
+    assert bounds[1] == [(0, pytest.approx(3.0)), (None, pytest.approx(12.0))]
+
+    val = validate_timeline(tl, res, warmup_steps=0)
+    (step,) = val.steps
+    # measured: rank 0's recorded blocks equal the simulated ones (10.5 ms); rank 1 blocked
+    # 0.4 ms in its wait (simulated 0.4) and 3.5 ms at the backward's end (simulated 3.5): 9 ms
+    assert step["measured_s"] * 1e3 == pytest.approx((10.5 + 9.0) / 2)
+    assert step["predicted_s"] * 1e3 == pytest.approx((10.5 + 9.0) / 2)
+    rows = {(r["comms"], r["mode"]): r for r in val.collectives}
+    a2a = rows[("all_to_allv", "async")]
+    assert a2a["n"] == 2 and a2a["predicted_s"] * 1e3 == pytest.approx((3.0 + 1.0) / 2)  # wait end - call start
+    ar = rows[("all_reduce", "async")]
+    assert ar["predicted_s"] * 1e3 == pytest.approx((5.0 + 4.0) / 2)  # joined by the backward: its completion
+    assert ar["predicted_net_s"] * 1e3 == pytest.approx(4.0)  # last call (7 ms) to its end (11 ms)
+
+
+def test_a_late_rank_delays_a_blocking_collective(tmp_path):
+    """Blocking calls: the early rank's blocked time is the other's lateness plus alpha."""
+    es = {r: [_entry("all_to_allv", 0, 0, None, MS), _entry("all_to_allv", 0, 1, (1 + 2 * r) * MS, MS, step=0, lead=0)]
+          for r in (0, 1)}
+    for r, e in es.items():
+        (tmp_path / f"trace_rank{r}.json").write_text(json.dumps(e))
+    tl = timeline_phases(load_trace(tmp_path), calibrated_collectives(_cal()))
+    res = simulate(tl.phases, _cal().network())
+    end = {p.name: p.end for p in res.phases}
+    blocked = [end[tl.nodes[(r, 1)][1]] - end[tl.nodes[(r, 1)][0]] for r in (0, 1)]
+    assert blocked == pytest.approx([3e-3, 1e-3])
+
+
+# ---- the recorder, in a real training run --------------------------------------------------------
+
+def _run_body(comm, out_dir, pipeline):
+    from neo_train.comm.trace import TracingCommunicator
+    from neo_train.config import preset
+    from neo_train.sharding import ShardingPlan
+    from neo_train.train import Trainer
+
+    cfg = preset("tiny")
+    cfg = cfg.replace(train=cfg.train.replace(kernel_backend="reference", steps=4, pipeline=pipeline, eval_batches=1))
+    tc = TracingCommunicator(comm)
+    t = Trainer(cfg, comm=tc, plan=ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size), progress=False,
+                log_dir=None)
+    t.run()
+    return str(tc.dump(out_dir))
+
+
+@pytest.fixture(scope="module")
+def run_trace(tmp_path_factory):
+    from neo_train.testing import run_ranks
+
+    out = tmp_path_factory.mktemp("run")
+    run_ranks(_run_body, 2, str(out), True)
+    return out
+
+
+def test_the_recorded_timeline_is_complete(run_trace):
+    """Every blocking interval recorded once (orders 0..N-1 over calls and waits), the fields
+    present and consistent, each step marked once, DDP's buckets joined at the backward's end."""
+    for r in (0, 1):
+        entries = json.loads((run_trace / f"trace_rank{r}.json").read_text())
+        orders = [e["order"] for e in entries] + sorted({e["wait_order"] for e in entries if "wait_order" in e})
+        assert sorted(orders) == list(range(len(orders)))
+        for e in entries:
+            assert e["backend"] == "gloo" and isinstance(e["async"], bool) and e["call_ns"] >= 0
+            assert e["compute_ns"] is not None or e["order"] == 0
+            if not e["async"]:
+                assert e["duration_ns"] == e["call_ns"] and "wait_order" not in e
+        dense = [e for e in entries if e["markers"] == ["dense_allreduce"]]
+        assert dense and all(e["async"] and e["joined_by"] == "backward" and e["wait_ns"] >= 0 for e in dense)
+        waited = [e for e in entries if e.get("joined_by") == "wait"]
+        assert waited and all(e["wait_order"] > e["order"] for e in waited)
+        # the loop's 4 steps: each begins once, before its first blocking interval; the loop's end too
+        marks = [(e["step"], e["step_start_ns"]) for e in entries if e.get("step_start_ns") is not None]
+        marks += [(e["wait_step"], e["wait_step_start_ns"]) for e in entries if e.get("wait_step_start_ns") is not None]
+        assert sorted(s for s, _ in marks if s is not None) == [0, 1, 2, 3]
+        assert sum(s is None for s, _ in marks) == 1
+    blocks, colls = rank_timelines(load_trace(run_trace))
+    for r, bs in blocks.items():
+        assert [b.order for b in bs] == list(range(len(bs)))
+        steps = [b.step for b in bs if b.step_lead is not None]
+        assert steps == [0, 1, 2, 3, None]
+        assert all(b.step_lead <= b.compute + 1e-9 for b in bs if b.step_lead is not None)
+    assert all(set(by_rank) == {0, 1} for by_rank in colls.values())
+
+
+def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys):
+    from neo_train.topology.study import add_simulate_arguments, simulate_command
+
+    cal = tmp_path / "cal.json"
+    _cal().save(cal)
+    p = argparse.ArgumentParser()
+    add_simulate_arguments(p)
+    args = p.parse_args(["--trace", str(run_trace), "--calibration", str(cal), "--warmup-steps", "1",
+                         "--out", str(tmp_path / "out")])
+    assert simulate_command(args) == 0
+    out = capsys.readouterr().out
+    assert "each rank's recorded compute" in out and "predicted vs measured, 3 steady steps" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["network"] == "calibrated" and summary["measured_step_s"] > 0 and summary["predicted_step_s"] > 0
+    # without a calibration: the same chains on a topology
+    args = p.parse_args(["--trace", str(run_trace), "--network", "fattree"])
+    assert simulate_command(args) == 0
+    assert "each rank's recorded compute" in capsys.readouterr().out
+
+
+# ---- calibration: the fit, the file, the measurement ---------------------------------------------
+
+@pytest.mark.parametrize("fabric", ["shared", "per_rank"])
+def test_the_fit_recovers_known_latency_and_bandwidth(fabric):
+    C = 2e9
+    alpha = {"all_to_allv": {2: 1e-4, 3: 3e-4, 4: 5e-4}, "all_reduce": {2: 2e-4, 3: 6e-4, 4: 9e-4},
+             "all_gather": {2: 1e-4, 3: 2e-4, 4: 4e-4}, "reduce_scatter": {2: 3e-4, 3: 4e-4, 4: 7e-4}}
+    factor = {"all_to_allv": 1.0, "all_reduce": 1.7, "all_gather": 0.6, "reduce_scatter": 2.5}
+    samples = [{"kind": k, "group": g, "bytes": b, "seconds": alpha[k][g] + factor[k] * _unit_time(k, g, b, fabric) / C}
+               for k in alpha for g in (2, 3, 4) for b in (16, 4096, 1 << 17, 1 << 20, 1 << 22)]
+    cal = fit_calibration(samples, world_size=4, transport="gloo", device="cpu")
+    assert cal.fabric == fabric
+    assert cal.bandwidth == pytest.approx(C, rel=1e-6)
+    for k in alpha:
+        assert cal.kinds[k].byte_factor == pytest.approx(factor[k], rel=1e-6)
+        for g in (2, 3, 4):
+            assert cal.latency(k, g) == pytest.approx(alpha[k][g], rel=1e-6, abs=1e-12)
+        assert cal.kinds[k].max_rel_err < 1e-9
+    s = samples[7]
+    assert cal.predict(s["kind"], s["group"], s["bytes"]) == pytest.approx(s["seconds"], rel=1e-6)
+
+
+def test_nnls_keeps_coefficients_non_negative():
+    rng = np.random.default_rng(0)
+    A = rng.random((30, 4))
+    x = nnls(A, A @ np.array([1.0, 0.0, 2.0, 0.5]))
+    assert x == pytest.approx([1.0, 0.0, 2.0, 0.5], abs=1e-9)
+    x = nnls(A, A @ np.array([1.0, -3.0, 2.0, 0.5]))  # the best fit wants a negative: clamped at 0
+    assert (x >= 0).all() and x[1] == 0
+
+
+def test_fabric_bytes():
+    M = np.array([[5.0, 2.0], [3.0, 7.0]])
+    (t,) = fabric_comm("all_to_allv", [0, 1], M, "shared", name="a").rounds
+    assert t.total_bytes == 5.0  # off-diagonal only: a rank's own block crosses nothing
+    (t,) = fabric_comm("all_reduce", [0, 1, 2], 10.0, "shared", name="b", byte_factor=2).rounds
+    assert t.total_bytes == 2 * 2 * 2 * 10.0
+    ring = fabric_comm("all_reduce", [0, 1, 2], 30.0, "per_rank", name="c")
+    assert len(ring.rounds) == 4 and sum(r.total_bytes for r in ring.rounds) == pytest.approx(2 * 2 / 3 * 30.0 * 3)
+    assert fabric_comm("all_gather", [3], [8.0], "shared", name="d").rounds == ()
+
+
+def test_the_calibration_file_round_trips_and_bad_files_are_named(tmp_path):
+    cal = _cal(3)
+    cal.kinds["all_to_allv"] = KindFit({2: 1e-4, 3: 2e-4}, 1e-9)
+    p = cal.save(tmp_path / "c.json")
+    back = Calibration.load(p)
+    assert back.to_dict() == cal.to_dict() and back.source == str(p)
+    with pytest.raises(CalibrationError, match=r"c.json is for 3 ranks but trace x has 4 \(calibrate with --nproc 4\)"):
+        back.check_for(4, ["gloo"], "trace x")
+    with pytest.raises(CalibrationError, match=r"measured transport 'gloo' but trace x ran on 'nccl'"):
+        back.check_for(3, ["nccl"], "trace x")
+    back.check_for(3, [], "trace x")  # a trace that does not say its transport
+    with pytest.raises(CalibrationError, match=r"all_reduce was calibrated for groups of 2 ranks, not 3"):
+        back.latency("all_reduce", 3)
+    assert back.latency("all_reduce", 1) == 0.0
+
+    def bad(data, match):
+        f = tmp_path / "bad.json"
+        f.write_text(data if isinstance(data, str) else json.dumps(data))
+        with pytest.raises(CalibrationError, match=match):
+            Calibration.load(f)
+
+    good = cal.to_dict()
+    bad("{nope", r"bad.json: not valid JSON")
+    bad([1, 2], r"bad.json: expected a JSON object, got list")
+    bad({**good, "format": "something/2"}, r"field 'format' is 'something/2'")
+    bad({**good, "world_size": 1}, r"field 'world_size' must be an integer >= 2, got 1")
+    bad({**good, "bandwidth_Bps": -1}, r"field 'bandwidth_Bps' must be a finite number > 0, got -1")
+    bad({**good, "fabric": "mesh"}, r"field 'fabric' is 'mesh'")
+    bad({**good, "kinds": {"all_to_some": {}}}, r"field 'kinds' names 'all_to_some'")
+    broken = json.loads(json.dumps(good))
+    broken["kinds"]["all_reduce"]["latency_s"]["2"] = "fast"
+    bad(broken, r"field 'kinds.all_reduce.latency_s.2' must be a finite number >= 0, got 'fast'")
+    with pytest.raises(CalibrationError, match=r"missing.json: no such file"):
+        Calibration.load(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="no collective's time grows with its size"):
+        fit_calibration([{"kind": "all_to_allv", "group": 2, "bytes": b, "seconds": 1e-4} for b in (16, 1024)],
+                        world_size=2, transport="gloo", device="cpu")
+
+
+def _measure_body(comm, busy_s):
+    from neo_train.topology.calibrate import measure_collectives
+
+    return measure_collectives(comm, sizes=[16, 4096], iters=2, warmup=1, busy_s=busy_s)
+
+
+@pytest.mark.parametrize("busy_s", [0.0, 1e-4])
+def test_measure_collectives_on_gloo_ranks(busy_s):
+    from neo_train.testing import run_ranks
+
+    a, b, c = run_ranks(_measure_body, 3, busy_s)
+    assert a == b == c  # every rank returns the same samples
+    cells = {(s["kind"], s["group"], s["bytes"] // 4 // s["group"] * s["group"] > 0) for s in a}
+    assert len(a) == 4 * 2 * 2 and len(cells) == 4 * 2
+    assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s for s in a)
+    cal = fit_calibration(a, world_size=3, transport="gloo", device="cpu") if any(
+        s["seconds"] != a[0]["seconds"] for s in a) else None
+    if cal is not None:
+        assert set(cal.kinds) == {"all_to_allv", "all_reduce", "all_gather", "reduce_scatter"}
+
+
+# ---- the command line: errors name the file, rank and field -------------------------------------
+
+def _cli(argv, capsys):
+    from neo_train.cli import main
+
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _plain_trace(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    e = {"comms": "all_to_allv", "pg_id": 0, "global_ranks": [0, 1], "world_size": 2, "dtype": "float",
+         "in_msg_size": 8, "out_msg_size": 8, "in_split": [4, 4], "out_split": [4, 4], "markers": ["input_dist"]}
+    for r in (0, 1):
+        (d / f"trace_rank{r}.json").write_text(json.dumps([e]))
+    return d
+
+
+def test_simulate_a_trace_without_compute_times(tmp_path, capsys):
+    tr = _plain_trace(tmp_path / "tr")
+    rc, out, err = _cli(["simulate", "--trace", tr, "--network", "flat"], capsys)
+    assert rc == 2 and f"trace {tr / 'trace_rank0.json'}: no recorded compute times" in err
+    assert "'compute_ns'" in err and "--compute marker=seconds" in err and "input_dist" in err
+    rc, out, err = _cli(["simulate", "--trace", tr, "--network", "flat", "--compute", "none"], capsys)
+    assert rc == 0, err
+    cal = _cal().save(tmp_path / "c.json")
+    rc, out, err = _cli(["simulate", "--trace", tr, "--compute", "input_dist=0.001", "--calibration", cal], capsys)
+    assert rc == 2 and "--calibration replays the trace's own recorded compute" in err
+
+
+def test_simulate_with_a_calibration_for_another_machine(tmp_path, capsys):
+    tr = _hand_trace(tmp_path / "tr")
+    cal = _cal(3).save(tmp_path / "c3.json")
+    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", cal], capsys)
+    assert rc == 2 and f"calibration {cal} is for 3 ranks but trace {tr} has 2" in err
+    c = _cal()
+    c.transport = "nccl"
+    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", c.save(tmp_path / "n.json")], capsys)
+    assert rc == 2 and "measured transport 'nccl' but trace" in err and "'gloo'" in err
+    (tmp_path / "x.json").write_text("[1")
+    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", tmp_path / "x.json"], capsys)
+    assert rc == 2 and f"calibration {tmp_path / 'x.json'}: not valid JSON" in err
+    ok = _cal().save(tmp_path / "ok.json")
+    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok], capsys)
+    assert rc == 0, err
+    assert "no steady training steps marked in the trace" in out  # its one step is a warm-up step
+    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok, "--warmup-steps", "0"], capsys)
+    assert rc == 0, err
+    assert "predicted vs measured, 1 steady steps" in out and "cluster: calibrated gloo/cpu, shared fabric" in out
+
+
+def test_traces_with_broken_timelines_are_named(tmp_path):
+    tr = _hand_trace(tmp_path / "tr")
+    entries = json.loads((tr / "trace_rank1.json").read_text())
+    del entries[2]["compute_ns"]
+    (tr / "trace_rank1.json").write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match=r"trace .*trace_rank1.json rank 1 entry 2 \(all_reduce\): field 'compute_ns' is "
+                                         r"missing"):
+        rank_timelines(load_trace(tr))
+    entries[2]["compute_ns"] = 5
+    entries[2]["order"] = 1  # collides with the all-to-all's
+    (tr / "trace_rank1.json").write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match=r"rank 1 entries 1 and 2: two blocking intervals share order 1"):
+        rank_timelines(load_trace(tr))
+    entries[2]["order"] = "three"
+    (tr / "trace_rank1.json").write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match=r"rank 1 entry 2 \(all_reduce\): order must be an integer >= 0"):
+        load_trace(tr)
+
+
+def test_calibrate_command_checks_its_flags(tmp_path, capsys):
+    rc, out, err = _cli(["calibrate", "--out", tmp_path], capsys)
+    assert rc == 2 and f"--out {tmp_path} is a directory" in err
+    rc, out, err = _cli(["calibrate", "--out", tmp_path / "no" / "c.json"], capsys)
+    assert rc == 2 and "does not exist" in err
+    rc, out, err = _cli(["calibrate", "--out", tmp_path / "c.json", "--sizes", "lots"], capsys)
+    assert rc == 2 and "--sizes: cannot read 'lots'" in err
+
+
+@pytest.mark.slow
+def test_benchmark_quick(tmp_path):
+    out = tmp_path / "v.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_validation.py"), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {(r["W"], r["plan"]) for r in report["rows"]} == {(2, "tw"), (4, "twrw")}
+    for r in report["rows"]:
+        assert r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 and math.isfinite(r["step_error"])
+        assert r["collectives"] and r["steady_steps"] > 0
+    assert set(report["calibrations"]) >= {"2:idle", "4:idle"}
+    assert report["calibrations"]["2:idle"]["format"] == FORMAT
