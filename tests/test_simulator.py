@@ -88,7 +88,7 @@ def test_lower_bounds_match_the_formulas():
 
 
 def test_ring_all_reduce_on_opera_is_bounded_below_and_within_a_factor():
-    net = OperaNetwork(8, 2, 4, host_bandwidth=B, tries=2, bulk_threshold=0)
+    net = OperaNetwork(8, 2, 4, host_bandwidth=B, tries=2, bulk_threshold=0, rotorlb="fluid")
     N, S = net.hosts, 64e6
     p = simulate([ring_all_reduce(N, S, name="ar")], net).phase("ar")
     bound = 2 * (N - 1) / N * S / B

@@ -24,17 +24,28 @@ Flow model (used by ``simulator``), per rotor epoch (two per superslice: the fir
 the reconfiguring rotor down, the rest with all up; a circuit's window per cycle is therefore
 (u-1) S + eps, the notes' W):
 - bulk flows (bytes >= ``bulk_threshold``) go direct, over their rack pair's circuit, only while it
-  is up; with ``vlb`` (RotorLB) they also take two-hop Valiant paths on the capacity direct traffic
-  leaves: a VLB byte costs its source rack's uplinks and its destination rack's downlinks 2 bytes
-  each (its own hop plus, on average, another rack's transit hop: exact for symmetric load) and
-  its last byte arrives ``vlb_delay`` = T_c/(u+1) late (waiting at the intermediate for a circuit;
-  an estimate: the earliest of u candidate intermediates' circuits, each uniform over a cycle);
+  is up. With ``vlb`` they also use RotorLB's two-hop paths, in one of two models (``rotorlb``):
+  ``"slotted"`` (default; ``rotorlb.py``): epoch by epoch, what direct traffic leaves of the
+  circuits that are up carries a rack's bulk bytes to the racks it is connected to now, in
+  proportion to the spare capacity of each, accepted by an intermediate c for destination rack R
+  only up to one window of c -> R minus what c already holds and still has of its own for R; the
+  relayed bytes wait at c until c's circuit to R comes up. Bulk rounds start at superslice
+  boundaries (RotorLB plans per slot). ``"fluid"``: a VLB byte costs its source rack's uplinks and
+  its destination rack's downlinks 2 bytes each (its own hop plus, on average, another rack's
+  transit hop: exact for symmetric load) on what direct traffic leaves, wherever the circuits
+  are, and its last byte arrives ``vlb_delay`` = T_c/(u+1) late (the earliest of u intermediates'
+  circuits, each uniform over a cycle). The two agree on uniform all-to-all traffic (no circuit
+  has spare capacity, nothing is relayed); they differ for permutation-like traffic such as a
+  ring step, where the fluid model spreads one flow over every spare uplink at once and charges
+  a fixed average wait, while a relayed byte really waits for its intermediate's circuit (up to a
+  cycle): a dependent ring step costs about a cycle in the slotted model. A static mesh
+  (N_r == u) never waits for circuits: it always uses the fluid model;
 - low-latency flows (bytes < ``bulk_threshold``) take the shortest path in the current
   superslice's expander, paying one circuit hop per rack-to-rack link (the bandwidth tax).
 Links: one circuit per ordered rack pair (capacity B while up, else 0), plus per rack an uplink
 pool U_a and a downlink pool D_a (B times the rack's non-self circuits up). Direct and multi-hop
 flows load the pools too (the simulator derives them from the circuits' residuals when no
-multi-hop flow is live), so VLB sees only what they leave.
+multi-hop flow is live), so fluid VLB sees only what they leave.
 """
 from __future__ import annotations
 
@@ -45,7 +56,10 @@ import numpy as np
 
 from .network import GBPS, Network
 
-__all__ = ["OperaNetwork", "OPERA_PRESETS", "superslice_timing", "random_matchings", "hop_distances"]
+__all__ = ["OperaNetwork", "OPERA_PRESETS", "ROTORLB_MODELS", "superslice_timing", "random_matchings",
+           "hop_distances"]
+
+ROTORLB_MODELS = ("slotted", "fluid")
 
 OPERA_PRESETS: dict[int, tuple[int, int]] = {16: (4, 8), 128: (32, 8), 1024: (128, 16)}
 """nodes -> (racks N_r, ToR ports k) of the ISI study; u = d = k/2."""
@@ -174,7 +188,8 @@ class OperaNetwork(Network):
                  host_bandwidth: float = 100 * GBPS, hop_latency: float = 1e-6, devices_per_host: int = 1,
                  intra_bandwidth: float = 200 * GBPS, reconfig_delay: float = 10e-6, bulk_threshold: float = 15e6,
                  vlb: bool = True, link_delay: float = 0.5e-6, queue_packets: int = 8, packet_bytes: int = 1500,
-                 seed: int = 0, tries: int | None = None, nodes: int | None = None) -> None:
+                 seed: int = 0, tries: int | None = None, nodes: int | None = None,
+                 rotorlb: str = "slotted") -> None:
         u = hosts_per_rack if uplinks is None else uplinks
         if tries is None:  # evaluating an assignment costs N_r all-pairs searches
             tries = 16 if racks <= 64 else 3
@@ -191,6 +206,8 @@ class OperaNetwork(Network):
                              f"= {racks * hosts_per_rack} evenly")
         if not (reconfig_delay >= 0 and bulk_threshold >= 0):
             raise ValueError("opera: reconfig_delay and bulk_threshold must be >= 0")
+        if rotorlb not in ROTORLB_MODELS:
+            raise ValueError(f"opera: rotorlb must be one of {ROTORLB_MODELS}, got {rotorlb!r}")
         self._init_host(racks * hosts_per_rack, host_bandwidth, hop_latency, devices_per_host, intra_bandwidth)
         self.racks, self.hosts_per_rack, self.uplinks = int(racks), int(hosts_per_rack), int(u)
         self.reconfig_delay, self.bulk_threshold, self.vlb = float(reconfig_delay), float(bulk_threshold), bool(vlb)
@@ -204,7 +221,9 @@ class OperaNetwork(Network):
         self.down_time = reconfig_delay + self.delta  # the reconfiguring rotor's dead time per superslice
         self.window = u * self.superslice - self.down_time if self.time_varying else math.inf
         self.vlb_delay = self.cycle / (u + 1) if self.time_varying else 0.0
+        self.rotorlb = rotorlb
         self._nh_cache: dict[int, np.ndarray] = {}
+        self._up_cache: dict[int, np.ndarray] = {}
 
     @classmethod
     def from_nodes(cls, nodes: int, k: int | None = None, **kw) -> "OperaNetwork":
@@ -318,24 +337,49 @@ class OperaNetwork(Network):
             return 2 * (k % self.racks), k * S + self.down_time
         return 2 * (k % self.racks) + 1, (k + 1) * S
 
+    @property
+    def slotted(self) -> bool:
+        """Whether bulk traffic uses the slotted RotorLB model (``rotorlb.py``)."""
+        return self.vlb and self.time_varying and self.rotorlb == "slotted"
+
+    def up_circuits(self, e: int) -> np.ndarray:
+        """Sorted flat indices a * N_r + c of the circuits up in epoch e (self-loops left out)."""
+        hit = self._up_cache.get(e)
+        if hit is None:
+            n = self.racks
+            k, first_half = divmod(e, 2)
+            down = self.reconfiguring(k) if first_half == 0 else -1
+            a = np.arange(n)
+            idx = []
+            for b in range(self.uplinks):
+                if b != down:
+                    p = self.partner[self.matching_at(b, k)]
+                    idx.append((a * n + p)[p != a])
+            hit = self._up_cache[e] = np.sort(np.concatenate(idx))
+        return hit
+
     def epoch_net_capacity(self, e: int) -> np.ndarray:
         """Topology-link capacities in epoch e (circuits of rotors that are up, and the pools)."""
         n, B = self.racks, self.host_bandwidth
         cap = np.zeros(n * n + 2 * n)
-        k, first_half = divmod(e, 2)
-        down = self.reconfiguring(k) if first_half == 0 else -1
-        a = np.arange(n)
-        count = np.zeros(n)
-        for b in range(self.uplinks):
-            if b == down:
-                continue
-            p = self.partner[self.matching_at(b, k)]
-            real = p != a
-            cap[a[real] * n + p[real]] = B
-            count += real
-        cap[n * n:n * n + n] = count * B
-        cap[n * n + n:] = count * B
+        up = self.up_circuits(e)
+        cap[up] = B
+        count = np.bincount(up // n, minlength=n) * B
+        cap[n * n:n * n + n] = count
+        cap[n * n + n:] = count  # symmetric matchings: as many circuits in as out
         return cap
+
+    def slot_start(self, t: float) -> float:
+        """The first superslice boundary at or after t (RotorLB plans per slot)."""
+        if not self.time_varying:
+            return t
+        S = self.superslice
+        k = math.ceil(t / S - 1e-9)
+        return max(t, k * S)
+
+    def slot_index(self, t: float) -> int:
+        """Superslice of the cycle that t (a superslice boundary) opens."""
+        return round(t / self.superslice) % self.racks
 
     def average_net_capacity(self) -> np.ndarray:
         """Time-averaged capacities over a cycle: each circuit W/T_c of the time, the pools the
@@ -412,4 +456,5 @@ class OperaNetwork(Network):
                 f"direct window {self.window * 1e6:.2f} us" if self.time_varying else "static full mesh")
         return (f"opera: {self.racks} racks x {self.hosts_per_rack} hosts x {self.devices_per_host} devices, "
                 f"u = {self.uplinks} rotors, NIC/uplink {self.host_bandwidth / GBPS:g} Gbps, h_max {self.h_max}, "
-                f"{mode}, bulk >= {self.bulk_threshold / 1e6:g} MB{', RotorLB/VLB' if self.vlb else ', direct only'}")
+                f"{mode}, bulk >= {self.bulk_threshold / 1e6:g} MB"
+                f"{(', RotorLB ' + ('slotted' if self.slotted else 'fluid VLB')) if self.vlb else ', direct only'}")
