@@ -388,7 +388,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
     if per_rank:
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         tl = timeline_phases(traces, factory)
-        res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact)
+        res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
         val = validate_timeline(tl, res, getattr(args, "warmup_steps", 5))
         if val.steady():
             print(val.table())
@@ -404,7 +404,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         res = _comm_only(res)
     else:
         phases = trace_phases(traces, G, compute, allreduce=ar)
-        res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact)
+        res = simulate(phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
         row["iteration_s"] = res.total
     row |= res.totals()
     return res, row, cluster
