@@ -3,6 +3,21 @@ flow simulator: Model-A strong-scaled on fat-tree and Opera, ring and DPS all-re
 
     python benchmarks/opera_study.py                        # full, into out/opera_study/: ~1.5 min on 2 cores
     python benchmarks/opera_study.py --quick --out /tmp/os  # 16 and 128 nodes, 5 table counts: ~15 s
+    python benchmarks/opera_study.py --compat flexflow      # the study's own setup, beside its numbers
+    python benchmarks/opera_study.py --compat flexflow --fit          # refit the mode's two knobs first
+    python benchmarks/opera_study.py --compat flexflow --quick --series baseline   # 16 + 128 nodes: ~2 min
+
+``--compat flexflow`` (neo_train/topology/flexflow.py, notes/flexflow_compat.md): every series the
+study ran, each changing one knob of its Model-A baseline -- global batch 1,048,576 and 2,097,152,
+embedding dimension 40, Model-I (361 tables of dimension 92, MLPs of 43 x 682) -- at 16 / 128 /
+1024 nodes on fat-tree (ring, DPS) and Opera (DPS; ring for the baseline), into one CSV
+(flexflow_compat.csv: series, nodes, network, all-reduce, seconds, all-reduce byte share, the
+study's figure where it published one, the error, and the cell's role: fitted, held out,
+prediction, or pending RotorLB) and the markdown table flexflow_compat.md. ``--fit`` fits the
+mode's two knobs on the Model-A baseline first (``fit_knobs``) and uses them; without it the
+mode's defaults (flexflow.FIT_*), which are that fit rounded. Opera options pass through
+(``--opera-option KEY=VALUE``). Byte formula (per iteration, N nodes, T tables, B global batch,
+D dim, P dense parameters): all-to-all 2 T B D 8 (N-1)/N, all-reduce 2 (N-1) 4 P.
 
 Experiments (the study's setup, shared/notes/network-model.md): Model-A of the ISI job scripts
 (1000 tables of 10^7 x 80, bags of 100, two 20-layer MLPs of 3375 wide, 703M dense parameters),
@@ -32,11 +47,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import json
+import math
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from neo_train.topology.flexflow import COMPAT_MODES, FlexFlowCompat, parse_opera_options
 from neo_train.topology.study import cluster_for, model_for, run_iteration
 
 CONFIGS = (  # (label, network, fat-tree routing, all-reduce)
@@ -193,13 +215,188 @@ def plots(out: Path, scale: list[dict[str, Any]], sweep: list[dict[str, Any]], n
         plt.close(fig)
 
 
+# ---- --compat flexflow: the study's setup beside its published numbers ----------------------------
+
+STUDY_S = {  # (nodes, network, all-reduce) -> seconds: the study's released Model-A baseline
+    (16, "fattree", "ring"): 36.82, (128, "fattree", "ring"): 4.730, (1024, "fattree", "ring"): 0.723,
+    (16, "fattree", "dps"): 29.83, (128, "fattree", "dps"): 4.084,
+    (16, "opera", "dps"): 30.76, (128, "opera", "dps"): 4.163, (1024, "opera", "dps"): 0.782,
+    (128, "opera", "ring"): 3.844, (1024, "opera", "ring"): 9.946,
+}
+STUDY_SHARE = {16: 0.118, 128: 0.517, 1024: 0.896}
+"""The study's all-reduce share of the bytes on the network, Model-A baseline."""
+FIT_TABLE_CELLS = [(n, "fattree", ar) for n in (16, 128) for ar in ("ring", "dps")]
+"""The cells the per-table time is fitted on (max |log error| over them is minimised). Fat-tree
+only: the Opera cells stay held out, and the fit does not move with the Opera model."""
+FIT_LATENCY_CELL = (1024, "fattree", "ring")
+"""The cell the fat-tree round latency is fitted on (where 2(N-1) = 2046 dependent rounds show)."""
+LATENCY_GRID = tuple(x * 1e-6 for x in range(0, 201, 25))
+"""Round latencies tried (seconds): 0 to 200 us; htsim's RTT on the K=16 fat-tree is ~15 us."""
+PENDING = {("opera", "ring")}
+"""Cells waiting on the dependent-round RotorLB model of Opera (another change): reported, not fitted."""
+SERIES = {  # name -> (model, global batch, embedding dim or None for the model's)
+    "baseline": ("opera_model_a", 524_288, None),
+    "batch_1048576": ("opera_model_a", 1_048_576, None),
+    "batch_2097152": ("opera_model_a", 2_097_152, None),
+    "dim_40": ("opera_model_a", 524_288, 40),
+    "model_i": ("opera_model_i", 524_288, None),
+}
+COMPAT_CONFIGS = (("fattree", "ring"), ("fattree", "dps"), ("opera", "dps"), ("opera", "ring"))
+
+
+class _CellTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _CellTimeout()
+
+
+def compat_cell(series: str, nodes: int, network: str, allreduce: str, cc: FlexFlowCompat,
+                timeout_s: int = 0) -> dict[str, Any]:
+    """One cell of the reproduction; ``timeout_s`` > 0 gives up on a simulation after that long
+    (the row then has seconds NaN and says so in its role)."""
+    model_name, batch, dim = SERIES[series]
+    old = signal.signal(signal.SIGALRM, _alarm) if timeout_s else None
+    signal.alarm(timeout_s)
+    try:
+        _, row = run_iteration(model_for(model_name, dim=dim), cluster_for("opera_study", nodes), network, allreduce,
+                               global_batch=batch, compat=cc)
+    except _CellTimeout:
+        row = {"iteration_s": math.nan, "allreduce_share": math.nan, "sim_wall_s": float(timeout_s),
+               "network": network, "notes": f"simulation stopped after {timeout_s} s"}
+    finally:
+        signal.alarm(0)
+        if old is not None:
+            signal.signal(signal.SIGALRM, old)
+    row = {"series": series, "nodes": nodes, "network": network, "allreduce": allreduce,
+           "seconds": row["iteration_s"], "allreduce_share": row["allreduce_share"], **row}
+    study = STUDY_S.get((nodes, network, allreduce)) if series == "baseline" else None
+    share = STUDY_SHARE.get(nodes) if series == "baseline" else None
+    if (network, allreduce) in PENDING:
+        role = "pending RotorLB"
+    elif series != "baseline":
+        role = "prediction"
+    elif (nodes, network, allreduce) in FIT_TABLE_CELLS:
+        role = "fitted (table time)"
+    elif (nodes, network, allreduce) == FIT_LATENCY_CELL:
+        role = "fitted (round latency)"
+    else:
+        role = "held out" if study is not None else "prediction"
+    if math.isnan(row["seconds"]):
+        role += f" (timed out after {timeout_s} s)"
+    row.update(study_s=study, error=row["seconds"] / study - 1 if study else None, study_share=share,
+               share_error=row["allreduce_share"] - share if share is not None else None, role=role)
+    print(f"  {series:14s} {nodes:5d} {network:7s} {allreduce:4s} {row['seconds']:9.3f} s"
+          + (f"  study {study:7.3f} ({100 * row['error']:+6.1f} %)" if study else "")
+          + f"  ar share {row['allreduce_share']:.3f}  [{role}]  simulated in {row['sim_wall_s']:.1f} s", flush=True)
+    return row
+
+
+def fit_knobs(cc: FlexFlowCompat) -> tuple[FlexFlowCompat, dict[str, Any]]:
+    """Fit the per-table time c and the fat-tree round latency on the Model-A baseline.
+
+    c: every fitted cell's time is affine in c (the node-serial chain is c x values plus the
+    exposed network, which does not depend on c); two simulations per cell give the line, and c is
+    the value minimising the largest |ln(ours / study)| over FIT_TABLE_CELLS (a grid of 1e-4
+    relative steps). Round latency: the 1024-node fat-tree ring (2046 dependent rounds) simulated
+    at the fitted c for LATENCY_GRID; the value with the smallest |ln(ours / study)| (the response
+    is neither linear nor monotonic: concurrent rings' rounds interleave differently)."""
+    def t(c: float, lat: float, cell: tuple) -> float:
+        n, net, ar = cell
+        return compat_cell("baseline", n, net, ar, dataclasses.replace(cc, table_ps_per_value=c,
+                                                                          round_latency=lat))["seconds"]
+
+    c0, c1, lat0 = cc.table_ps_per_value, cc.table_ps_per_value * 1.1, cc.round_latency
+    lines = {cell: (t(c0, lat0, cell), t(c1, lat0, cell)) for cell in FIT_TABLE_CELLS}
+    grid = np.linspace(0.5 * c0, 2.0 * c0, 15001)
+    worst = np.zeros_like(grid)
+    for cell, (y0, y1) in lines.items():
+        y = y0 + (grid - c0) * (y1 - y0) / (c1 - c0)
+        worst = np.maximum(worst, np.abs(np.log(y / STUDY_S[cell])))
+    c = round(float(grid[int(np.argmin(worst))]), 1)
+    study = STUDY_S[FIT_LATENCY_CELL]
+    response = {lat: t(c, lat, FIT_LATENCY_CELL) for lat in LATENCY_GRID}
+    lat = min(response, key=lambda x: (abs(math.log(response[x] / study)), x))
+    info = {"table_ps_per_value": c, "round_latency_s": lat, "table_cells": [list(k) for k in FIT_TABLE_CELLS],
+            "latency_cell": list(FIT_LATENCY_CELL), "worst_table_log_error": float(worst.min()),
+            "table_lines": {f"{k[0]} {k[1]} {k[2]}": [c0, y0_, c1, y1_] for k, (y0_, y1_) in lines.items()},
+            "latency_response_s": {f"{k * 1e6:g} us": v for k, v in response.items()}}
+    print(f"fit: table_ps_per_value = {c:.1f} ps (largest |log error| over the table cells {worst.min():.3f}), "
+          f"round latency = {lat * 1e6:g} us (1024-node fat-tree ring: "
+          + ", ".join(f"{k * 1e6:g} us -> {v:.3f} s" for k, v in response.items()) + ")")
+    return dataclasses.replace(cc, table_ps_per_value=c, round_latency=lat), info
+
+
+def compat_markdown(rows: list[dict[str, Any]], cc: FlexFlowCompat) -> str:
+    """The study reproduction as a markdown table: every series x nodes x network/algorithm."""
+    out = [f"Knobs: per-table time {cc.table_ps_per_value:g} ps per looked-up value "
+           f"({cc.table_seconds(524_288, 100, 80) * 1e3:.0f} ms per Model-A table), fat-tree round latency "
+           f"{cc.round_latency * 1e6:g} us. Error = ours / study - 1.", "",
+           "| series | nodes | network | all-reduce | ours (s) | study (s) | error | AR share ours | AR share study "
+           "| cell |", "|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        st = f"{r['study_s']:.3f}" if r["study_s"] else "–"
+        err = f"{100 * r['error']:+.1f} %" if r["error"] is not None else "–"
+        sh = f"{r['study_share']:.3f}" if r["study_share"] is not None else "–"
+        out.append(f"| {r['series']} | {r['nodes']} | {r['network']} | {r['allreduce']} | {r['seconds']:.3f} | {st} | "
+                   f"{err} | {r['allreduce_share']:.3f} | {sh} | {r['role']} |")
+    return "\n".join(out) + "\n"
+
+
+def compat_main(args: argparse.Namespace) -> int:
+    cc = FlexFlowCompat.named(args.compat, table_ps_per_value=args.table_ps_per_value,
+                              round_latency=None if args.round_latency_us is None else args.round_latency_us * 1e-6,
+                              opera_options=parse_opera_options(args.opera_option))
+    out = args.out or Path("notes/opera_study")
+    out.mkdir(parents=True, exist_ok=True)
+    unknown = sorted(set(args.series) - set(SERIES))
+    if unknown:
+        raise SystemExit(f"unknown series {unknown} (known: {', '.join(SERIES)})")
+    t0 = time.perf_counter()
+    if args.fit:
+        cc, info = fit_knobs(cc)
+        (out / "flexflow_fit.json").write_text(json.dumps(info, indent=1))
+    nodes_list = [16, 128] if args.quick else [16, 128, 1024]
+    rows = []
+    for series in args.series:
+        for n in nodes_list:
+            for net, ar in COMPAT_CONFIGS:
+                if (net, ar) == ("opera", "ring") and series != "baseline":
+                    continue  # the study ran Opera with DPS; its ring figures are for the baseline only
+                rows.append(compat_cell(series, n, net, ar, cc, args.cell_timeout))
+    keys = ["series", "nodes", "network", "allreduce", "seconds", "allreduce_share", "study_s", "error",
+            "study_share", "share_error", "role"]
+    _write_csv(out / "flexflow_compat.csv", [{k: r[k] for k in keys} | {k: v for k, v in r.items() if k not in keys}
+                                             for r in rows])
+    text = compat_markdown(rows, cc)
+    (out / "flexflow_compat.md").write_text(text)
+    print()
+    print(text)
+    print(f"wrote {out / 'flexflow_compat.csv'} and {out / 'flexflow_compat.md'} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("out/opera_study"), help="output directory")
+    p.add_argument("--out", type=Path, help="output directory (default out/opera_study; with --compat notes/opera_study)")
     p.add_argument("--quick", action="store_true", help="16 and 128 nodes, 5 table counts (< 30 s)")
     p.add_argument("--sweep-nodes", type=int, default=128, help="nodes of the table-count sweep")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--compat", choices=COMPAT_MODES, help="flexflow: the study's own setup beside its numbers")
+    p.add_argument("--series", nargs="+", default=list(SERIES), help=f"--compat: series to run ({', '.join(SERIES)})")
+    p.add_argument("--fit", action="store_true", help="--compat: fit the two knobs on the Model-A baseline first")
+    p.add_argument("--table-ps-per-value", type=float, help="--compat: per-table time knob (default: the fit)")
+    p.add_argument("--round-latency-us", type=float, help="--compat: fat-tree round latency knob (default: the fit)")
+    p.add_argument("--opera-option", action="append", metavar="KEY=VALUE", help="--compat: an OperaNetwork keyword")
+    p.add_argument("--cell-timeout", type=int, default=1800,
+                   help="--compat: give up on one cell's simulation after this many seconds (0: never)")
     args = p.parse_args(argv)
+    if args.compat:
+        return compat_main(args)
+    if args.fit or args.opera_option or args.table_ps_per_value is not None or args.round_latency_us is not None:
+        p.error("--fit, --opera-option, --table-ps-per-value and --round-latency-us go with --compat flexflow")
+    args.out = args.out or Path("out/opera_study")
     nodes_list = [16, 128] if args.quick else [16, 128, 1024]
     counts = [10, 100, 500, 1000, 2000] if args.quick else [10, 25, 50, 75] + list(range(100, 2001, 100))
     args.out.mkdir(parents=True, exist_ok=True)

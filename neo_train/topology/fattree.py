@@ -16,10 +16,15 @@ Routing, two flow models:
   of that switch (to core switch (j1, j2)), down through aggregation switch j1 of the destination
   pod. Collisions of large flows on one link then slow an all-to-all below the NIC bound. Every
   link is its own constraint of B / o.
-TCP's own dynamics (slow start, incast losses) are not modelled. Hops: 2 within an edge switch,
-4 within a pod, 6 across pods.
+TCP's own dynamics (slow start, incast losses) are not modelled; ``flow_latency`` adds a fixed
+TCP-like cost to every inter-host flow instead (connection start, slow start, the last ACK), which
+the simulator charges once per dependent round, at the round's end, on top of the path's hops x
+hop_latency (``--compat flexflow`` fits it: ``flexflow.py``). Hops: 2 within an edge switch, 4
+within a pod, 6 across pods.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -54,7 +59,8 @@ class FatTree(Network):
 
     def __init__(self, nodes: int, host_bandwidth: float = 100 * GBPS, hop_latency: float = 1e-6,
                  devices_per_host: int = 1, intra_bandwidth: float = 200 * GBPS, k: int | None = None,
-                 oversubscription: float = 1.0, routing: str = "spray", seed: int = 0) -> None:
+                 oversubscription: float = 1.0, routing: str = "spray", seed: int = 0,
+                 flow_latency: float = 0.0) -> None:
         self._init_host(nodes, host_bandwidth, hop_latency, devices_per_host, intra_bandwidth)
         if k is None:
             k = fat_tree_k(nodes)
@@ -66,7 +72,12 @@ class FatTree(Network):
             raise ValueError(f"fat-tree: oversubscription must be >= 1, got {oversubscription}")
         if routing not in ROUTINGS:
             raise ValueError(f"fat-tree: routing must be one of {ROUTINGS}, got {routing!r}")
+        if not (isinstance(flow_latency, (int, float)) and math.isfinite(flow_latency) and flow_latency >= 0):
+            raise ValueError(f"fat-tree: flow_latency must be a finite number of seconds >= 0, got {flow_latency!r}")
+        if flow_latency > 0 and self.hop_latency <= 0:
+            raise ValueError("fat-tree: flow_latency needs hop_latency > 0 (it is charged in units of hop_latency)")
         self.k, self.oversubscription, self.routing, self.seed = k, float(oversubscription), routing, seed
+        self.flow_latency = float(flow_latency)
         self.half = half = k // 2
         self.rack_of = np.arange(nodes) // half  # edge switch of each host
         self.pod_of_rack = np.arange(k * half) // half
@@ -107,9 +118,15 @@ class FatTree(Network):
         return rel
 
     def hops(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Links on each flow's path; with ``flow_latency`` the latency in hop_latency units: an
+        inter-host flow's hops plus flow_latency / hop_latency (the simulator charges a round's
+        latency as hops x hop_latency)."""
         rs, rd = self.rack_of[src], self.rack_of[dst]
         same_pod = self.pod_of_rack[rs] == self.pod_of_rack[rd]
-        return np.select([src == dst, rs == rd, same_pod], [0, 2, 4], 6)
+        h = np.select([src == dst, rs == rd, same_pod], [0, 2, 4], 6)
+        if self.flow_latency > 0:
+            return np.where(src == dst, h, h + self.flow_latency / self.hop_latency)
+        return h
 
     def routes(self, src: np.ndarray, dst: np.ndarray) -> Routes:
         rs, rd = self.rack_of[src], self.rack_of[dst]
@@ -132,5 +149,6 @@ class FatTree(Network):
     def describe(self) -> str:
         o = "" if self.oversubscription == 1 else f", {self.oversubscription:g}:1 oversubscribed"
         r = "per-packet spraying" if self.routing == "spray" else "per-flow ECMP"
+        lat = f", {self.flow_latency * 1e6:g} us per flow (TCP)" if self.flow_latency > 0 else ""
         return (f"fat-tree K={self.k}: {self.hosts} of {self.k**3 // 4} hosts x {self.devices_per_host} devices, "
-                f"NIC {self.host_bandwidth / GBPS:g} Gbps{o}, {r}")
+                f"NIC {self.host_bandwidth / GBPS:g} Gbps{o}, {r}{lat}")

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from .fattree import FatTree
 from .flat import FlatNetwork
@@ -20,12 +20,20 @@ _NETS: dict = {}
 
 
 def make_network(kind: str, cluster: ClusterSpec, *, bulk_threshold: float = 0.0, vlb: bool = True,
-                 seed: int = 0, k: int | None = None, routing: str = "spray") -> Network:
+                 seed: int = 0, k: int | None = None, routing: str = "spray", flow_latency: float = 0.0,
+                 opera_options: Mapping[str, Any] | None = None) -> Network:
     """The network of ``cluster.nodes`` hosts, each with the cluster's NIC, GPUs and intra-node
     bandwidth, and its inter-node latency per hop. Opera: the study's rack layout for 16 / 128 /
-    1024 nodes, else ``k`` ToR ports; fat-tree: ``routing`` spray or ecmp. Cached: an Opera
-    schedule search takes up to seconds."""
-    key = (kind, cluster, bulk_threshold, vlb, seed, k, routing)
+    1024 nodes, else ``k`` ToR ports, plus any further ``OperaNetwork`` keyword ``opera_options``
+    (passed through unchecked here; an unknown one is a ValueError naming it); fat-tree:
+    ``routing`` spray or ecmp and a TCP-like ``flow_latency`` per flow (seconds, charged once per
+    dependent round). Cached: an Opera schedule search takes up to seconds."""
+    opts = dict(opera_options or {})
+    if opts and kind != "opera":
+        raise ValueError(f"opera options {sorted(opts)} given for a {kind} network")
+    if flow_latency and kind != "fattree":
+        raise ValueError(f"flow_latency applies to the fat-tree (TCP), not to {kind}")
+    key = (kind, cluster, bulk_threshold, vlb, seed, k, routing, flow_latency, tuple(sorted(opts.items())))
     if key in _NETS:
         return _NETS[key]
     common = dict(host_bandwidth=cluster.inter_node_bandwidth, hop_latency=cluster.inter_node_latency,
@@ -34,9 +42,15 @@ def make_network(kind: str, cluster: ClusterSpec, *, bulk_threshold: float = 0.0
     if kind == "flat":
         net: Network = FlatNetwork(cluster.nodes, **common)
     elif kind == "fattree":
-        net = FatTree(cluster.nodes, k=k, routing=routing, seed=seed, **common)
+        net = FatTree(cluster.nodes, k=k, routing=routing, seed=seed, flow_latency=flow_latency, **common)
     elif kind == "opera":
-        net = OperaNetwork.from_nodes(cluster.nodes, k=k, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, **common)
+        try:
+            net = OperaNetwork.from_nodes(cluster.nodes, k=k, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed,
+                                          **opts, **common)
+        except TypeError as e:
+            if not opts:
+                raise
+            raise ValueError(f"opera: an option in {sorted(opts)} is not an OperaNetwork parameter ({e})") from None
     else:
         raise ValueError(f"network must be one of {NETWORKS}, got {kind!r}")
     _NETS[key] = net

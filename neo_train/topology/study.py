@@ -19,11 +19,24 @@ all-reduce vs all-to-all byte shares; ``--out DIR`` writes timeline.csv and summ
 ``simulate_command`` returns the exit status; ``add_simulate_arguments`` fills a subparser.
 
 ``--trace``: a recorded trace instead (``trace_sim``).
+
+``--compat flexflow``: the study's own setup, to set our times beside its published ones
+(``flexflow.py``, notes/flexflow_compat.md): each node one device running its tasks one after
+another, tables round-robin by node, a per-table time (``--table-ps-per-value``, picoseconds per
+looked-up value, fitted to the study's Model-A baseline), 8-byte all-to-all elements, one
+all-reduce per layer (ring: 2(N-1) dependent rounds; DPS: two), and on the fat-tree per-flow
+ECMP and a TCP latency per dependent round (``--round-latency-us``, fitted). ``--opera-option
+KEY=VALUE`` passes any further ``OperaNetwork`` keyword through (in either mode).
+
+    neo-train simulate --compat flexflow --nodes 16 --network fattree --allreduce ring
+    neo-train simulate --compat flexflow --model opera_model_i --nodes 128 --network opera
+    neo-train simulate --compat flexflow --nodes 128 --global-batch 1048576 --embedding-dim 40
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import time
@@ -33,19 +46,28 @@ from typing import Any
 from ..config import nonnegative_float, positive_float, positive_int
 from .collectives import ALL_REDUCE_ALGORITHMS
 from .fattree import ROUTINGS
+from .flexflow import COMPAT_MODES, FIT_ROUND_LATENCY, FIT_TABLE_PS_PER_VALUE, FlexFlowCompat, compat_report, \
+    parse_opera_options, run_flexflow_iteration
 from .networks import NETWORKS, cluster_for, make_network
 from .simulator import SimResult, simulate
 from .spec import CLUSTER_PRESETS, ClusterSpec
 from .trace_sim import add_trace_arguments, simulate_trace
-from .workload import PLACEMENTS, IterationSpec, build_iteration, opera_model_a
+from .workload import PLACEMENTS, IterationSpec, build_iteration, opera_model_a, opera_model_i
 
 __all__ = ["add_simulate_arguments", "simulate_command", "make_network", "run_iteration", "NETWORKS",
            "cluster_for", "model_for"]
 
-def model_for(name: str, tables: int | None = None):
-    """'opera_model_a' (the study's Model-A, ``tables`` of them) or a config preset's model."""
-    if name == "opera_model_a":
-        return opera_model_a(tables if tables is not None else 1000)
+def model_for(name: str, tables: int | None = None, dim: int | None = None):
+    """'opera_model_a' / 'opera_model_i' (the study's Model-A / Model-I, ``tables`` of them, of
+    embedding dimension ``dim``) or a config preset's model."""
+    studies = {"opera_model_a": (opera_model_a, 1000, 80), "opera_model_i": (opera_model_i, 361, 92)}
+    if name in studies:
+        make, t, d = studies[name]
+        if dim is not None and dim < 1:
+            raise ValueError(f"embedding dimension must be >= 1, got {dim}")
+        return make(tables if tables is not None else t, dim=dim if dim is not None else d)
+    if dim is not None:
+        raise ValueError(f"--embedding-dim applies to opera_model_a / opera_model_i, not to {name!r}")
     from ..config import preset
 
     m = preset(name).model
@@ -57,14 +79,24 @@ def model_for(name: str, tables: int | None = None):
 def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, global_batch: int = 524_288,
                   bulk_threshold: float = 0.0, vlb: bool = True, a2a: str = "direct", input_dist: bool = False,
                   placement: str = "planner", aggregate: bool = True, fast_forward: bool = True,
-                  seed: int = 0, routing: str = "spray", table_wise_only: bool = True
+                  seed: int = 0, routing: str = "spray", table_wise_only: bool = True,
+                  compat: FlexFlowCompat | None = None, opera_options: dict[str, Any] | None = None,
                   ) -> tuple[SimResult, dict[str, Any]]:
-    """Simulate one iteration; returns the result and a flat summary row (seconds, bytes)."""
+    """Simulate one iteration; returns the result and a flat summary row (seconds, bytes).
+    ``compat``: the flexflow compat mode instead (``flexflow.run_flexflow_iteration``; ``a2a``,
+    ``input_dist``, ``placement``, ``routing`` and ``table_wise_only`` are the mode's own then)."""
+    if compat is not None:
+        if opera_options:
+            compat = dataclasses.replace(compat, opera_options=compat.opera_options + tuple(opera_options.items()))
+        return run_flexflow_iteration(model, cluster, network, allreduce, global_batch=global_batch, compat=compat,
+                                      bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, aggregate=aggregate,
+                                      fast_forward=fast_forward)
     if allreduce == "auto":
         allreduce = "dps" if network == "opera" else "ring"
     it = build_iteration(IterationSpec(model, cluster, global_batch, allreduce, a2a, input_dist, placement,
                                        table_wise_only))
-    net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=routing)
+    net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=routing,
+                       opera_options=opera_options)
     res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward)
     a2a_b, ar_b = it.network_bytes.get("all_to_all", 0.0), it.network_bytes.get("all_reduce", 0.0)
     tot = res.totals()
@@ -90,8 +122,12 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="opera_model_a",
-                   help="opera_model_a (the ISI study's Model-A, default) or a config preset (model_a is Neo's)")
-    p.add_argument("--tables", type=positive_int, help="use this many tables (opera_model_a: 1000 by default)")
+                   help="opera_model_a (the ISI study's Model-A, default), opera_model_i (its Model-I) or a config "
+                        "preset (model_a is Neo's)")
+    p.add_argument("--tables", type=positive_int,
+                   help="use this many tables (opera_model_a: 1000 by default, opera_model_i: 361)")
+    p.add_argument("--embedding-dim", type=positive_int,
+                   help="opera_model_a / opera_model_i: embedding dimension (80 / 92 by default)")
     p.add_argument("--nodes", type=positive_int,
                    help="hosts (nodes of --gpus-per-node GPUs); default 128, with --trace the nodes its ranks fill")
     p.add_argument("--gpus-per-node", type=positive_int,
@@ -110,12 +146,26 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bulk-threshold-mb", type=nonnegative_float, default=0.0,
                    help="Opera: flows below this take multi-hop low-latency paths (study: 0; Opera's default 15)")
     p.add_argument("--no-vlb", action="store_true", help="Opera: direct circuits only (no RotorLB/VLB)")
-    p.add_argument("--routing", choices=ROUTINGS, default="spray",
-                   help="fat-tree: spray (per-packet, ideal) or ecmp (one hashed path per flow, as TCP)")
+    p.add_argument("--routing", choices=ROUTINGS,
+                   help="fat-tree: spray (per-packet, ideal; the default) or ecmp (one hashed path per flow, as TCP; "
+                        "the default with --compat flexflow)")
+    p.add_argument("--opera-option", action="append", metavar="KEY=VALUE",
+                   help="Opera: pass a further OperaNetwork keyword (repeatable; true/false and numbers are parsed)")
     p.add_argument("--input-dist", action="store_true", help="also exchange ids/lengths (off in the study)")
-    p.add_argument("--placement", choices=PLACEMENTS, default="planner", help="how tables are placed")
+    p.add_argument("--placement", choices=PLACEMENTS,
+                   help="how tables are placed (default planner; --compat flexflow: round_robin by node)")
     p.add_argument("--any-sharding", action="store_true",
                    help="let the planner use every sharding type (default: whole tables only, as the study)")
+    p.add_argument("--compat", choices=COMPAT_MODES,
+                   help="flexflow: the ISI study's FlexFlow + htsim setup (node-serial nodes, round-robin tables, a "
+                        "per-table time, 8-byte all-to-all elements, one all-reduce per layer, TCP round latency and "
+                        "ECMP on the fat-tree; notes/flexflow_compat.md)")
+    p.add_argument("--table-ps-per-value", type=positive_float,
+                   help=f"--compat flexflow: a table's forward + backward time, picoseconds per looked-up value "
+                        f"(global batch x ids per bag x dim); default {FIT_TABLE_PS_PER_VALUE:g} (fitted)")
+    p.add_argument("--round-latency-us", type=nonnegative_float,
+                   help=f"--compat flexflow: fat-tree TCP latency per dependent round, microseconds; default "
+                        f"{FIT_ROUND_LATENCY * 1e6:g} (fitted)")
     add_trace_arguments(p)
     p.add_argument("--exact", action="store_true", help="every flow alone, no fast-forward (slow; a check)")
     p.add_argument("--seed", type=int, default=0, help="Opera schedule search seed")
@@ -139,6 +189,27 @@ def _check_out_dir(out: Path) -> None:
         raise ValueError(f"--out {out} cannot be created: {probe} is not writable")
 
 
+def _compat_from_args(args: argparse.Namespace) -> FlexFlowCompat | None:
+    """The compat mode's knobs from the flags; flags that contradict the mode (or its knobs
+    without the mode) are a one-line ValueError."""
+    knobs = {"--table-ps-per-value": args.table_ps_per_value, "--round-latency-us": args.round_latency_us}
+    if args.compat is None:
+        given = [k for k, v in knobs.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to --compat flexflow only")
+        return None
+    clash = [flag for flag, bad in (("--trace", args.trace is not None), ("--input-dist", args.input_dist),
+                                    ("--any-sharding", args.any_sharding), ("--a2a pairwise", args.a2a != "direct"),
+                                    ("--placement planner", args.placement == "planner"),
+                                    ("--allreduce hier_*", args.allreduce.startswith("hier"))) if bad]
+    if clash:
+        raise ValueError(f"--compat {args.compat} fixes these itself (the study's setup): {', '.join(clash)} "
+                         "cannot be combined with it")
+    return FlexFlowCompat.named(args.compat, table_ps_per_value=args.table_ps_per_value,
+                                round_latency=None if args.round_latency_us is None else args.round_latency_us * 1e-6,
+                                routing=args.routing)
+
+
 def simulate_command(args: argparse.Namespace) -> int:
     GB = 1e9
     overrides = dict(inter_node_bandwidth=args.nic_gbps * 1e9 / 8 if args.nic_gbps else None,
@@ -149,18 +220,27 @@ def simulate_command(args: argparse.Namespace) -> int:
         _check_out_dir(args.out)
     if args.compute and not args.trace:
         raise ValueError("--compute applies to --trace only (a model's compute comes from its roofline)")
+    compat = _compat_from_args(args)
+    opera_options = dict(parse_opera_options(args.opera_option))
+    if opera_options and args.network != "opera":
+        raise ValueError(f"--opera-option applies to --network opera, not {args.network}")
+    args.routing = args.routing or "spray"
+    args.placement = args.placement or "planner"
     t0 = time.perf_counter()
     if args.trace:
+        if opera_options:
+            raise ValueError("--opera-option does not apply to --trace")
         res, row, cluster = simulate_trace(args, overrides, thr)
     else:
         cluster = cluster_for(args.topology, args.nodes or 128, args.gpus_per_node, **overrides)
-        model = model_for(args.model, args.tables)
+        model = model_for(args.model, args.tables, args.embedding_dim)
         res, row = run_iteration(model, cluster, args.network, args.allreduce, global_batch=args.global_batch,
                                  bulk_threshold=thr, vlb=not args.no_vlb, a2a=args.a2a, input_dist=args.input_dist,
                                  placement=args.placement, aggregate=not args.exact, fast_forward=not args.exact,
-                                 seed=args.seed, routing=args.routing, table_wise_only=not args.any_sharding)
+                                 seed=args.seed, routing=args.routing, table_wise_only=not args.any_sharding,
+                                 compat=compat, opera_options=opera_options)
     print(f"cluster: {cluster.describe()}")
-    print(res.report())
+    print(compat_report(res) if compat is not None else res.report())
     a2a_b = sum(p.network_bytes for p in res.phases if p.kind == "all_to_all")
     ar_b = sum(p.network_bytes for p in res.phases if p.kind == "all_reduce")
     if a2a_b + ar_b > 0:

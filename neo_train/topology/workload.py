@@ -53,7 +53,8 @@ from ..topology.spec import ClusterSpec
 from .collectives import ALL_REDUCE_ALGORITHMS, all_reduce, all_to_all
 from .simulator import Comm, Compute, Phase
 
-__all__ = ["IterationSpec", "Iteration", "build_iteration", "opera_model_a", "node_round_robin_plan", "PLACEMENTS"]
+__all__ = ["IterationSpec", "Iteration", "build_iteration", "opera_model_a", "opera_model_i", "node_round_robin_plan",
+           "PLACEMENTS"]
 
 PLACEMENTS = ("planner", "round_robin")
 
@@ -70,6 +71,14 @@ def opera_model_a(tables: int = 1000, rows: int = 10**7, dim: int = 80, bag: flo
     ts = tuple(TableConfig(f"t{i}", rows, dim, pooling_factor=float(bag)) for i in range(tables))
     return ModelConfig(ts, num_dense_features=width, bottom_mlp=(width,) * (layers - 1),
                        top_mlp=(width,) * (layers - 1), interaction="cat")
+
+
+def opera_model_i(tables: int = 361, rows: int = 10**7, dim: int = 92, bag: float = 100.0, layers: int = 43,
+                  width: int = 682) -> ModelConfig:
+    """Model-I of the ISI study's job scripts: 361 tables of 10^7 x 92, bags of 100, bottom MLP of
+    42 Linears of 682 over a 682-wide dense input, top MLP of 42 Linears of 682 and a logit (the
+    first one 682 + 361*92 wide): ~62M dense parameters."""
+    return opera_model_a(tables, rows, dim, bag, layers, width)
 
 
 @dataclass(frozen=True)
