@@ -348,11 +348,13 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
     recorded = has_recorded_compute(traces)
     per_rank = recorded and not compute and not compute_off
     if not (per_rank or compute or compute_off):
+        # as before recorded compute existed: the communication alone, said once
         first = min(traces)
         where = getattr(traces, "files", {}).get(first, args.trace)
-        raise ValueError(f"trace {where}: no recorded compute times (rank {first}'s entries have no field "
-                         f"'compute_ns'; neo-train train --trace-dir records them): give --compute marker=seconds "
-                         f"(its markers: {', '.join(trace_markers(traces))}) or --compute none for communication only")
+        print(f"note: trace {where}: no recorded compute times (rank {first}'s entries have no field 'compute_ns'; "
+              f"neo-train train --trace-dir records them): simulating the communication only; give --compute "
+              f"marker=seconds (its markers: {', '.join(trace_markers(traces))}) to add compute")
+        compute_off = True
     if cal is not None and not per_rank:
         raise ValueError("--calibration replays the trace's own recorded compute per rank; it does not combine with "
                          "--compute (leave --compute out, on a trace recorded by neo-train train --trace-dir)")
