@@ -1,21 +1,11 @@
-"""Install neo_train; the top-level kernels/ folder is installed as neo_train.kernels.
+"""Install neo_train (every package under neo_train/, found by find_packages).
 
 CPU:  ./install.sh            (pins torch==2.13.0 CPU, fbgemm-gpu-cpu==1.8.0, torchrec 1.8 --no-deps)
 GPU:  see README "Install on a GPU machine" (CUDA torch + triton; fbgemm-gpu optional)
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
-PACKAGES = [
-    "neo_train",
-    "neo_train.data",
-    "neo_train.modules",
-    "neo_train.train",
-    "neo_train.comm",
-    "neo_train.sharding",
-    "neo_train.parallel",
-    "neo_train.topology",
-    "neo_train.kernels",
-]
+PACKAGES = find_packages(include=["neo_train", "neo_train.*"])
 
 setup(
     name="neo_train",
@@ -24,7 +14,6 @@ setup(
     "topology-aware collectives",
     python_requires=">=3.11",
     packages=PACKAGES,
-    package_dir={"neo_train.kernels": "kernels"},
     # torch is pinned by requirements/*.txt + constraints (CPU: 2.13.0); here only a floor, so a
     # CUDA torch already on a GPU machine is kept.
     install_requires=["torch>=2.11", "numpy", "tensorboard", "matplotlib", "tqdm", "tomli-w"],

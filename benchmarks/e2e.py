@@ -102,7 +102,7 @@ from neo_train.config import Config, ModelConfig, TableConfig, TrainConfig, pres
 from neo_train.data.batch import Batch
 from neo_train.data.synthetic import SyntheticData
 from neo_train.kernels import available_backends
-from neo_train.sharding.plan import ShardingPlan, ShardingType
+from neo_train.planning.plan import ShardingPlan, ShardingType
 from neo_train.testing import run_ranks
 
 __all__ = ["main", "make_config", "make_plan"]

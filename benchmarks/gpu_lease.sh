@@ -4,11 +4,9 @@
 #   bash benchmarks/gpu_lease.sh tier|suite|all     env: N (xdist workers), TIER_S, SUITE_S,
 #                                                   TESTS (pytest args), SUITE_ARGS
 set -u
-# neo_train without installing it (setup.py maps the top-level kernels/ to neo_train.kernels)
-SHIM=/tmp/neo_train_shim
-rm -rf "$SHIM" && mkdir -p "$SHIM" && cp -r neo_train "$SHIM/" && ln -s "$PWD/kernels" "$SHIM/neo_train/kernels"
-# PYTHONSAFEPATH: no cwd (whose neo_train/ lacks kernels) ahead of the shim, in subprocesses too
-export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONPATH="$SHIM:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+# neo_train without installing it: the repository root on the path (PYTHONSAFEPATH: the same path
+# in subprocesses too, whatever their working directory)
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONPATH="$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 # wheels carried in .whl/ (carry: [".whl"]): the runtime needs the device image lacks (tomli-w)
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

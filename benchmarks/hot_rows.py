@@ -135,7 +135,7 @@ from neo_train.comm import make_codec
 from neo_train.config import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS, Config, DataConfig, DistConfig, ModelConfig
 from neo_train.config import TableConfig, TrainConfig
 from neo_train.kernels import available_backends
-from neo_train.sharding.plan import ShardingPlan
+from neo_train.planning.plan import ShardingPlan
 from neo_train.testing import run_ranks
 from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
 

@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from neo_train.config import Config, DataConfig, preset
-from neo_train.sharding.cost_model import CostEstimate, estimate
-from neo_train.sharding.plan import Shard, ShardingPlan, ShardingType, TablePlan
-from neo_train.sharding.planner import PlannerOptions, plan_sharding, round_robin_plan
+from neo_train.planning.cost_model import CostEstimate, estimate
+from neo_train.planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
+from neo_train.planning.planner import PlannerOptions, plan_sharding, round_robin_plan
 from neo_train.topology import preset_cluster
 
 __all__ = ["main", "spearman", "torchrec_plan", "convert_torchrec_plan"]

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-scale", type=float, default=1.0)
     c.add_argument("--out", type=Path, help="write here instead of printing")
 
-    from .sharding.plan_cli import add_plan_arguments
+    from .planning.plan_cli import add_plan_arguments
 
     add_plan_arguments(sub.add_parser("plan", help="plan a model's sharding for a cluster (cost model + placement)"))
     from .topology.study import add_simulate_arguments
@@ -218,7 +218,7 @@ _PLAN_ERROR = "error: "
 
 
 def _auto_plan(cfg, world_size: int, local_world_size: int, device: str, quiet: bool = False):
-    from .sharding.planner import PlannerOptions, plan_sharding
+    from .planning.planner import PlannerOptions, plan_sharding
     from .topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
 
     topo = cfg.dist.topology or ("cpu_local" if device == "cpu" else "zionex")
@@ -529,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # usage errors (code 2) and --help (0) return like every other error
         return int(e.code or 0)
     from .comm.replay import replay_command
-    from .sharding.plan_cli import plan_command
+    from .planning.plan_cli import plan_command
     from .topology.study import simulate_command
 
     handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,

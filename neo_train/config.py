@@ -314,7 +314,7 @@ class DistConfig(_Replace):
 
     sharding: str = "auto"
     """Sharding when no plan file is given: 'auto' (the planner, run on rank 0 and broadcast) or
-    one type for every table (see neo_train.sharding.plan)."""
+    one type for every table (see neo_train.planning.plan)."""
     topology: str = ""
     """Cluster description the 'auto' planner uses: a preset (zionex, opera_study, cpu_local) or a
     TOML file; empty: cpu_local on CPU, zionex on GPUs (nodes and devices per node from the job)."""

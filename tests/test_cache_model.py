@@ -8,8 +8,8 @@ from neo_train.config import preset
 from neo_train.data.synthetic import power_law_ids
 from neo_train.kernels import SparseOptimizerSpec, TableSpec
 from neo_train.kernels.cache import CachedEmbeddingBag
-from neo_train.sharding.cost_model import cache_hit_rate
-from neo_train.sharding.planner import PlannerOptions, PlanningError, plan_sharding
+from neo_train.planning.cost_model import cache_hit_rate
+from neo_train.planning.planner import PlannerOptions, PlanningError, plan_sharding
 from neo_train.topology.spec import preset_cluster
 
 

@@ -193,7 +193,7 @@ def test_reshard_rw4_to_tw2_to_mixed3_to_single(tmp_path):
 
 def test_momentum_rule_when_the_column_split_changes():
     # old: two column shards [0, 4), [4, 8) of a 5-row table, rows cut in blocks [0, 3), [3, 5)
-    from neo_train.sharding.plan import Shard
+    from neo_train.planning.plan import Shard
     from neo_train.train.checkpoint.reshard import _assemble, _key, _LocalShard
 
     R, D = 5, 8

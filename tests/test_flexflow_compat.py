@@ -81,7 +81,7 @@ def test_round_robin_placement_and_8_byte_elements():
 
 @pytest.mark.parametrize("nodes,study", [(16, 0.118), (128, 0.517)])
 def test_model_a_byte_shares_closed_form(nodes, study):
-    from neo_train.sharding.cost_model import dense_params
+    from neo_train.planning.cost_model import dense_params
 
     model = opera_model_a()
     P, T, Bg, Dm, N = dense_params(model), 1000, 524_288, 80, nodes

@@ -206,7 +206,7 @@ def test_plan_command_shows_the_hot_rows_it_would_replicate(capsys) -> None:
     """``neo-train plan --hot-rows auto|K``: k, coverage and bytes per table under the plan."""
     import argparse
 
-    from neo_train.sharding.plan_cli import add_plan_arguments, plan_command
+    from neo_train.planning.plan_cli import add_plan_arguments, plan_command
 
     p = add_plan_arguments(argparse.ArgumentParser())
     base = ["--preset", "small", "--topology", "cpu_local", "--gpus-per-node", "4"]

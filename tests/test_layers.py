@@ -2,9 +2,8 @@
 downward through ``LAYERS``, nothing in the package imports ``neo_train.testing``, and topology
 and planning never import torch.distributed.
 
-Every module under ``neo_train/`` (and ``kernels/``, installed as ``neo_train.kernels``) is parsed
-with ``ast``: module-level and function-level imports alike (a lazy import is an arrow too),
-relative imports resolved. An arrow goes to the module named: ``from a.b import c`` is an arrow to
+Every module under ``neo_train/`` is parsed with ``ast``: module-level and function-level imports
+alike (a lazy import is an arrow too), relative imports resolved. An arrow goes to the module named: ``from a.b import c`` is an arrow to
 ``a.b.c`` when that is a module, else to ``a.b``; the parent packages Python also runs are not
 arrows. Imports under ``if TYPE_CHECKING:`` never run and are not arrows; neither are dynamic
 imports (``importlib``).
@@ -23,42 +22,39 @@ from typing import Mapping
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"neo_train": REPO / "neo_train", "neo_train.kernels": REPO / "kernels"}
+PACKAGES = {"neo_train": REPO / "neo_train"}
 
 # The layers, top to bottom. A module may import its own group and any group of a lower layer;
 # the groups of one layer are independent of each other. A name covers the module and everything
-# under it, the most specific name winning (neo_train.sharding.planner is planning, not sharding);
+# under it, the most specific name winning (neo_train.planning.planner is planning, not sharding);
 # the root package's name covers only neo_train/__init__.py (``__version__``).
 LAYERS: tuple[tuple[str, Mapping[str, tuple[str, ...]]], ...] = (
     ("entry points", {
-        "cli": ("neo_train.cli", "neo_train.__main__", "neo_train.sharding.plan_cli"),  # plan_cli: `neo-train plan`
+        "cli": ("neo_train.cli", "neo_train.__main__", "neo_train.planning.plan_cli"),  # plan_cli: `neo-train plan`
         "testing": ("neo_train.testing",),  # tests' and benchmarks' helpers; the package never imports it
     }),
     ("train", {"train": ("neo_train.train",)}),
     ("parallel", {"parallel": ("neo_train.parallel",)}),
     ("sharding", {"sharding": ("neo_train.sharding",)}),  # runtime: the collection, one file per type, hot rows
-    ("planning | comm | modules", {
-        "planning": tuple(f"neo_train.sharding.{m}" for m in (
-            "cost_model", "cost_formulas", "loads", "planner", "plan_search", "plan_explain", "plan_report",
-            "plan_tools")),
+    ("comm | modules | simulator", {
         "comm": ("neo_train.comm",),
         "modules": ("neo_train.modules",),  # plain DLRM pieces; storage.py builds the kernels
+        "simulator": ("neo_train.topology",),  # networks, schedules, workloads, traces: plans, never runs them
     }),
-    ("topology | kernels", {"topology": ("neo_train.topology",), "kernels": ("neo_train.kernels",)}),
-    ("data | plan", {"data": ("neo_train.data",), "plan": ("neo_train.sharding.plan",)}),  # plan: types + JSON
+    ("planning | kernels", {"planning": ("neo_train.planning",), "kernels": ("neo_train.kernels",)}),
+    ("data | plan | cluster", {
+        "data": ("neo_train.data",),
+        "plan": ("neo_train.planning.plan",),  # the plan's types + JSON, what the runtime reads
+        "cluster": ("neo_train.topology.spec",),  # ClusterSpec: what the planner and the simulator price on
+    }),
     ("config", {"config": ("neo_train.config",)}),
     ("schedules", {"schedules": ("neo_train.comm.schedules",)}),  # algorithms as data, stdlib only
     ("root", {"root": ("neo_train",)}),
 )
-NO_TORCH_DISTRIBUTED = ("topology", "planning")  # groups that must run without torch.distributed
+NO_TORCH_DISTRIBUTED = ("simulator", "cluster", "planning", "plan")  # groups that must run without torch.distributed
 TESTING = "neo_train.testing"
 
-KNOWN_VIOLATIONS: dict[str, str] = {
-    "neo_train/topology/workload.py -> neo_train/sharding/cost_model.py": (
-        "issue 15, pending: the topology/workload.py -> planner arrow"),
-    "neo_train/topology/workload.py -> neo_train/sharding/planner.py": (
-        "issue 15, pending: the topology/workload.py -> planner arrow"),
-}
+KNOWN_VIOLATIONS: dict[str, str] = {}
 
 
 # ---- the checker ----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@ import pytest
 
 from neo_train.config import ModelConfig, TableConfig
 from neo_train.sharding import Shard, ShardingPlan, ShardingType, TablePlan
-from neo_train.sharding.plan import column_splits, even_splits
+from neo_train.planning.plan import column_splits, even_splits
 
 MODEL = ModelConfig(
     (TableConfig("a", 10, 4), TableConfig("b", 3, 5), TableConfig("c", 100, 8), TableConfig("d", 1, 2)),
@@ -98,8 +98,8 @@ def test_plan_report_names_one_node_count_for_its_fix(capsys):
     import re
 
     from neo_train.config import preset
-    from neo_train.sharding.plan_cli import add_plan_arguments, plan_command
-    from neo_train.sharding.planner import PlannerOptions, PlanningError, _plan_once
+    from neo_train.planning.plan_cli import add_plan_arguments, plan_command
+    from neo_train.planning.planner import PlannerOptions, PlanningError, _plan_once
     from neo_train.topology.spec import preset_cluster
 
     args = add_plan_arguments(argparse.ArgumentParser()).parse_args(["--preset", "model_f", "--table-dtype", "fp16"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from neo_train.config import ModelConfig, TableConfig, preset
-from neo_train.sharding.cost_model import (
+from neo_train.planning.cost_model import (
     a2a_time,
     dense_flops_per_sample,
     dense_params,
@@ -22,9 +22,9 @@ from neo_train.sharding.cost_model import (
     state_bytes_per_row,
     update_bytes,
 )
-from neo_train.sharding.plan import Shard, ShardingPlan, ShardingType, TablePlan
-from neo_train.sharding.plan_cli import add_plan_arguments, plan_command
-from neo_train.sharding.planner import (
+from neo_train.planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
+from neo_train.planning.plan_cli import add_plan_arguments, plan_command
+from neo_train.planning.planner import (
     PlannerOptions,
     PlanningError,
     TableConstraint,
@@ -178,7 +178,7 @@ def test_estimate_table_row_wise_by_hand():
 
 def test_planner_state_matches_estimate():
     """The planner's incremental bookkeeping and a from-scratch estimate agree on every rank."""
-    from neo_train.sharding.planner import _plan_once
+    from neo_train.planning.planner import _plan_once
 
     m = preset("model_a", row_scale=1e-4).model.replace(tables=preset("model_a", row_scale=1e-4).model.tables[:80])
     c = preset_cluster("zionex", nodes=2)
@@ -289,7 +289,7 @@ def test_fp16_halves_table_memory():
     for dt in ("fp32", "fp16"):
         assert not plan_sharding(m, preset_cluster("zionex"), PlannerOptions(table_dtype=dt), strict=False,
                                  check_fix=False).fits
-    from neo_train.sharding.cost_model import TABLE_DTYPES
+    from neo_train.planning.cost_model import TABLE_DTYPES
 
     rows = np.array([t.num_rows for t in m.tables], dtype=float)
     dims = np.array([t.dim for t in m.tables], dtype=float)

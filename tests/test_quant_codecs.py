@@ -158,7 +158,7 @@ def test_codec_names_agree_everywhere():
     """The config, the CLI, the cost model and make_codec accept the same names; an unknown
     name is an error that lists them."""
     from neo_train.cli import build_parser, config_from_args
-    from neo_train.sharding.cost_model import COMM_DTYPES as WIRE_BYTES, CostContext
+    from neo_train.planning.cost_model import COMM_DTYPES as WIRE_BYTES, CostContext
     from neo_train.topology import preset_cluster
 
     assert COMM_DTYPES == CODECS and set(WIRE_BYTES) == set(CODECS)

@@ -1,6 +1,7 @@
 """The flow simulator against hand-computed times, aggregated against per-flow simulation, trace
 input, the Model-A workload, and speed."""
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -243,7 +244,7 @@ def test_param_trace_runs(tmp_path):
 # ---- the Model-A workload ----------------------------------------------------------------------------
 
 def test_model_a_iteration_and_byte_shares():
-    from neo_train.sharding.cost_model import dense_params
+    from neo_train.planning.cost_model import dense_params
     from neo_train.topology.study import cluster_for, run_iteration
     from neo_train.topology.workload import IterationSpec, build_iteration, opera_model_a
 
@@ -543,3 +544,50 @@ def test_simulate_out_that_is_a_file_is_refused_before_simulating(tmp_path, caps
 
     assert main([str(a) for a in [*_SIM, d, "--compute", "fwd=0.001", "--out", tmp_path / "new" / "sim"]]) == 0
     assert (tmp_path / "new" / "sim" / "summary.json").is_file()
+
+
+# ---- a plan handed from above (issue 15: the workload does not have to run the planner) --------------
+def test_handed_plan_is_simulated_as_given():
+    from neo_train.planning.plan import ShardingPlan
+    from neo_train.topology.study import cluster_for
+    from neo_train.topology.workload import IterationSpec, build_iteration, node_round_robin_plan, opera_model_a
+
+    model = opera_model_a(tables=24, rows=1000, layers=3, width=64)
+    cluster = cluster_for("opera_study", 4, gpus_per_node=2)
+    by_rr = build_iteration(IterationSpec(model, cluster, 4096, placement="round_robin"))
+    rr = node_round_robin_plan(model, 4, 2)
+    handed = build_iteration(IterationSpec(model, cluster, 4096, plan=ShardingPlan.from_json(rr.to_json())))
+    assert handed.plan == by_rr.plan == rr
+    assert handed.network_bytes == by_rr.network_bytes and handed.compute == by_rr.compute
+    # a different plan (everything on node 0) is what gets simulated: the node-0 GPUs own every table
+    skewed = ShardingPlan(8, 2, tuple(dataclasses.replace(tp, shards=(dataclasses.replace(tp.shards[0], rank=i % 2),))
+                                      for i, tp in enumerate(rr.tables)))
+    it = build_iteration(IterationSpec(model, cluster, 4096, placement="round_robin", plan=skewed))
+    assert it.plan == skewed and it.compute != by_rr.compute
+    with pytest.raises(ValueError, match="plan is for world size 8, but the job has 16 ranks"):
+        IterationSpec(model, cluster_for("opera_study", 8, gpus_per_node=2), 4096, plan=rr)
+    with pytest.raises(ValueError, match=r"plan does not place table\(s\) \['t23'\]"):
+        IterationSpec(model, cluster, 4096, plan=ShardingPlan(8, 2, rr.tables[:-1]))
+
+
+def test_simulate_plan_file(tmp_path, capsys):
+    from neo_train.cli import main
+    from neo_train.topology.workload import node_round_robin_plan, opera_model_a
+
+    rr = node_round_robin_plan(opera_model_a(tables=16), 2, 8)
+    rr.to_json(str(tmp_path / "plan.json"))
+    base = ["simulate", "--nodes", "2", "--tables", "16", "--network", "fattree", "--global-batch", "4096"]
+    assert main([*base, "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "a")]) == 0
+    assert main([*base, "--placement", "round_robin", "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert a["iteration_s"] == b["iteration_s"] > 0
+    _, line = _cli_error([*base, "--plan", tmp_path / "plan.json", "--placement", "planner"], capsys)
+    assert "--plan places the tables itself: --placement" in line
+    (tmp_path / "bad.json").write_text("{")
+    _, line = _cli_error([*base, "--plan", tmp_path / "bad.json"], capsys)
+    assert f"--plan {tmp_path / 'bad.json'}: not a readable sharding plan" in line
+    _, line = _cli_error(["simulate", "--nodes", "4", "--tables", "16", "--plan", tmp_path / "plan.json"], capsys)
+    assert "plan is for world size 16, but the job has 32 ranks" in line
+    _, line = _cli_error([*base, "--calibration", tmp_path / "cal.json", "--warmup-steps", "2"], capsys)
+    assert "--calibration, --warmup-steps apply to --trace only" in line

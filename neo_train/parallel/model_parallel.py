@@ -37,7 +37,7 @@ from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM
 from ..modules.embedding import EmbeddingBagCollection
 from ..sharding.collection import ShardedEmbeddingBagCollection
-from ..sharding.plan import ShardingPlan
+from ..planning.plan import ShardingPlan
 
 __all__ = ["DistributedModelParallel", "shard_model", "plain_dlrm"]
 

@@ -36,7 +36,7 @@ from .column_wise import ColumnWiseSharding
 from .common import EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
 from .data_parallel import DataParallelSharding
 from .hot_rows import hot_row_refusal
-from .plan import Shard, ShardingPlan, ShardingType, TablePlan
+from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
 from .row_wise import RowWiseSharding
 from .table_column_wise import TableColumnWiseSharding
 from .table_row_wise import TableRowWiseSharding

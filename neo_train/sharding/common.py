@@ -22,7 +22,7 @@ from ..comm.awaitable import Pending
 from ..config import StorageConfig, TableConfig
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
 from ..modules.storage import cache_factor, create_table_kernel, init_kernel_table
-from .plan import Shard, TablePlan
+from ..planning.plan import Shard, TablePlan
 
 __all__ = [
     "ShardingContext",

@@ -66,7 +66,7 @@ import torch
 
 from ..config import TableConfig
 from ..data.batch import SparseFeatures
-from .plan import ShardingType
+from ..planning.plan import ShardingType
 
 __all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage",
            "hot_row_refusal", "HOT_SHARDINGS"]
@@ -624,7 +624,7 @@ def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) ->
 
     The pooled rows still cross the network (a bag's cold part is pooled by its owner), so the
     saving is the input dist's; notes/hot_rows.md has the rest of the argument."""
-    from .cost_model import state_bytes_per_row
+    from ..planning.cost_model import state_bytes_per_row
 
     if str(setting) == "off" or world_size < 2:
         return {}

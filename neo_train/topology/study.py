@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import nonnegative_float, positive_float, positive_int
+from ..planning.plan import ShardingPlan
 from .collectives import ALL_REDUCE_ALGORITHMS
 from .fattree import ROUTINGS
 from .flexflow import COMPAT_MODES, FIT_ROUND_LATENCY, FIT_TABLE_PS_PER_VALUE, FlexFlowCompat, compat_report, \
@@ -81,11 +82,14 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
                   placement: str = "planner", aggregate: bool = True, fast_forward: bool = True,
                   seed: int = 0, routing: str = "spray", table_wise_only: bool = True,
                   compat: FlexFlowCompat | None = None, opera_options: dict[str, Any] | None = None,
-                  ) -> tuple[SimResult, dict[str, Any]]:
+                  plan: ShardingPlan | None = None) -> tuple[SimResult, dict[str, Any]]:
     """Simulate one iteration; returns the result and a flat summary row (seconds, bytes).
     ``compat``: the flexflow compat mode instead (``flexflow.run_flexflow_iteration``; ``a2a``,
-    ``input_dist``, ``placement``, ``routing`` and ``table_wise_only`` are the mode's own then)."""
+    ``input_dist``, ``placement``, ``routing`` and ``table_wise_only`` are the mode's own then).
+    ``plan``: simulate this plan instead of placing the tables (``IterationSpec.plan``)."""
     if compat is not None:
+        if plan is not None:
+            raise ValueError("a plan cannot be given with the flexflow compat mode (it places tables round robin)")
         if opera_options:
             compat = dataclasses.replace(compat, opera_options=compat.opera_options + tuple(opera_options.items()))
         return run_flexflow_iteration(model, cluster, network, allreduce, global_batch=global_batch, compat=compat,
@@ -94,7 +98,7 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
     if allreduce == "auto":
         allreduce = "dps" if network == "opera" else "ring"
     it = build_iteration(IterationSpec(model, cluster, global_batch, allreduce, a2a, input_dist, placement,
-                                       table_wise_only))
+                                       table_wise_only, plan=plan))
     net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=routing,
                        opera_options=opera_options)
     res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward)
@@ -154,6 +158,8 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-dist", action="store_true", help="also exchange ids/lengths (off in the study)")
     p.add_argument("--placement", choices=PLACEMENTS,
                    help="how tables are placed (default planner; --compat flexflow: round_robin by node)")
+    p.add_argument("--plan", type=Path,
+                   help="simulate this sharding plan (the JSON `neo-train plan --out` writes) instead of planning one")
     p.add_argument("--any-sharding", action="store_true",
                    help="let the planner use every sharding type (default: whole tables only, as the study)")
     p.add_argument("--compat", choices=COMPAT_MODES,
@@ -201,6 +207,7 @@ def _compat_from_args(args: argparse.Namespace) -> FlexFlowCompat | None:
     clash = [flag for flag, bad in (("--trace", args.trace is not None), ("--input-dist", args.input_dist),
                                     ("--any-sharding", args.any_sharding), ("--a2a pairwise", args.a2a != "direct"),
                                     ("--placement planner", args.placement == "planner"),
+                                    ("--plan", args.plan is not None),
                                     ("--allreduce hier_*", args.allreduce.startswith("hier"))) if bad]
     if clash:
         raise ValueError(f"--compat {args.compat} fixes these itself (the study's setup): {', '.join(clash)} "
@@ -208,6 +215,21 @@ def _compat_from_args(args: argparse.Namespace) -> FlexFlowCompat | None:
     return FlexFlowCompat.named(args.compat, table_ps_per_value=args.table_ps_per_value,
                                 round_latency=None if args.round_latency_us is None else args.round_latency_us * 1e-6,
                                 routing=args.routing)
+
+
+def _plan_from_args(args: argparse.Namespace) -> ShardingPlan | None:
+    """``--plan FILE`` read (a one-line ValueError naming the file when it cannot be), or None;
+    the flags that place tables themselves cannot come with it."""
+    if args.plan is None:
+        return None
+    clash = [flag for flag, bad in (("--trace", args.trace is not None), ("--any-sharding", args.any_sharding),
+                                    ("--placement", args.placement is not None)) if bad]
+    if clash:
+        raise ValueError(f"--plan places the tables itself: {', '.join(clash)} cannot be combined with it")
+    try:
+        return ShardingPlan.from_json(str(args.plan))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--plan {args.plan}: not a readable sharding plan ({e})") from None
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -220,6 +242,12 @@ def simulate_command(args: argparse.Namespace) -> int:
         _check_out_dir(args.out)
     if args.compute and not args.trace:
         raise ValueError("--compute applies to --trace only (a model's compute comes from its roofline)")
+    if not args.trace:
+        given = [flag for flag, v in (("--calibration", args.calibration),
+                                      ("--warmup-steps", args.warmup_steps is not None)) if v]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to --trace only (the transport of a recorded run)")
+    plan = _plan_from_args(args)
     compat = _compat_from_args(args)
     opera_options = dict(parse_opera_options(args.opera_option))
     if opera_options and args.network != "opera":
@@ -238,7 +266,7 @@ def simulate_command(args: argparse.Namespace) -> int:
                                  bulk_threshold=thr, vlb=not args.no_vlb, a2a=args.a2a, input_dist=args.input_dist,
                                  placement=args.placement, aggregate=not args.exact, fast_forward=not args.exact,
                                  seed=args.seed, routing=args.routing, table_wise_only=not args.any_sharding,
-                                 compat=compat, opera_options=opera_options)
+                                 compat=compat, opera_options=opera_options, plan=plan)
     print(f"cluster: {cluster.describe()}")
     print(compat_report(res) if compat is not None else res.report())
     a2a_b = sum(p.network_bytes for p in res.phases if p.kind == "all_to_all")

@@ -62,7 +62,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: simulate on the calibrated model of the machine that recorded it (a file from "
                         "neo-train calibrate --nproc W --out FILE) and print predicted vs measured step and "
                         "collective times")
-    p.add_argument("--warmup-steps", type=nonnegative_int, default=5,
+    p.add_argument("--warmup-steps", type=nonnegative_int, default=None,
                    help="with --trace and recorded compute: steps left out of predicted vs measured (default 5)")
 
 
@@ -391,7 +391,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         tl = timeline_phases(traces, factory)
         res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
-        val = validate_timeline(tl, res, getattr(args, "warmup_steps", 5))
+        val = validate_timeline(tl, res, 5 if getattr(args, "warmup_steps", None) is None else args.warmup_steps)
         if val.steady():
             print(val.table())
         else:

@@ -6,7 +6,7 @@ embedding all-to-alls from a sharding plan, the dense all-reduce from the replic
 
 Hosts are nodes (G GPUs behind one NIC); a GPU's local batch is b = global_batch / (N * G).
 
-Compute (the roofline, per GPU, the slowest GPU of each phase; ``sharding.cost_model`` does the
+Compute (the roofline, per GPU, the slowest GPU of each phase; ``planning.cost_model`` does the
 arithmetic from ``ClusterSpec.device_flops`` and ``hbm_bandwidth``):
     dense       FLOPs / device_flops, FLOPs per sample = 3 * sum over Linear layers of 2*in*out
                 (forward + a backward of twice the forward); split into bottom/top MLP forward
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import ModelConfig, TableConfig
-from ..sharding.cost_model import CostEstimate, dense_params, estimate
-from ..sharding.plan import Shard, ShardingPlan, ShardingType, TablePlan
+from ..planning.cost_model import CostEstimate, dense_params, estimate
+from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
 from ..topology.spec import ClusterSpec
 from .collectives import ALL_REDUCE_ALGORITHMS, all_reduce, all_to_all
 from .simulator import Comm, Compute, Phase
@@ -101,6 +101,10 @@ class IterationSpec:
     use every sharding type (row-, column-wise, data-parallel ...) for models whose tables do not
     fit one GPU."""
     wire_bytes: int = 4
+    plan: ShardingPlan | None = None
+    """A plan handed from above (``neo-train study --plan FILE``, or the caller's own planner's):
+    simulated as given, ``placement`` and ``table_wise_only`` then unused. None: ``placement``
+    decides (the planner, or round robin)."""
 
     def __post_init__(self) -> None:
         W = self.cluster.world_size
@@ -110,6 +114,8 @@ class IterationSpec:
             raise ValueError(f"allreduce must be one of {ALL_REDUCE_ALGORITHMS}, got {self.allreduce!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.plan is not None:
+            self.plan.validate(self.model, W, self.cluster.devices_per_node)
 
 
 @dataclass
@@ -134,6 +140,8 @@ def node_round_robin_plan(model: ModelConfig, nodes: int, gpus: int) -> Sharding
 
 
 def _plan(spec: IterationSpec, b: int) -> tuple[ShardingPlan, CostEstimate, list[str]]:
+    if spec.plan is not None:
+        return _make_plan(spec, b)
     key = (id(spec.model), spec.cluster, b, spec.placement, spec.table_wise_only)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is spec.model:
@@ -152,11 +160,14 @@ algorithms reuse them (planning 1000 tables takes about a second)."""
 
 def _make_plan(spec: IterationSpec, b: int) -> tuple[ShardingPlan, CostEstimate, list[str]]:
     c, notes = spec.cluster, []
-    if spec.placement == "round_robin":
+    if spec.plan is not None:
+        plan = spec.plan
+        est = estimate(spec.model, plan, c, b)
+    elif spec.placement == "round_robin":
         plan = node_round_robin_plan(spec.model, c.nodes, c.devices_per_node)
         est = estimate(spec.model, plan, c, b)
     else:
-        from ..sharding.planner import PlannerOptions, plan_sharding
+        from ..planning.planner import PlannerOptions, plan_sharding
 
         opts = PlannerOptions(batch_size=b, allowed=(ShardingType.TABLE_WISE,)) if spec.table_wise_only \
             else PlannerOptions(batch_size=b)

@@ -27,7 +27,7 @@ from ..data.batch import Batch
 from ..data.synthetic import SyntheticData
 from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
-from ..sharding.plan import ShardingPlan
+from ..planning.plan import ShardingPlan
 from .hot_rows import HotRowSchedule, hot_row_counts
 from .metrics import binary_metrics
 from .pipeline import EndOfData, TrainPipeline

@@ -39,7 +39,7 @@ from torch import nn
 
 from ...kernels import FusedEmbeddingBag
 from ...sharding.collection import HOT_SUFFIX, ShardedEmbeddingBagCollection
-from ...sharding.plan import Shard, ShardingPlan
+from ...planning.plan import Shard, ShardingPlan
 from .files import CheckpointError
 
 if TYPE_CHECKING:
