@@ -13,7 +13,7 @@ embedding dimension 40, Model-I (361 tables of dimension 92, MLPs of 43 x 682) -
 1024 nodes on fat-tree (ring, DPS) and Opera (DPS; ring for the baseline), into one CSV
 (flexflow_compat.csv: series, nodes, network, all-reduce, seconds, all-reduce byte share, the
 study's figure where it published one, the error, and the cell's role: fitted, held out,
-prediction, or pending RotorLB) and the markdown table flexflow_compat.md. ``--fit`` fits the
+or prediction) and the markdown table flexflow_compat.md. ``--fit`` fits the
 mode's two knobs on the Model-A baseline first (``fit_knobs``) and uses them; without it the
 mode's defaults (flexflow.FIT_*), which are that fit rounded. Opera options pass through
 (``--opera-option KEY=VALUE``). Byte formula (per iteration, N nodes, T tables, B global batch,
@@ -232,8 +232,6 @@ FIT_LATENCY_CELL = (1024, "fattree", "ring")
 """The cell the fat-tree round latency is fitted on (where 2(N-1) = 2046 dependent rounds show)."""
 LATENCY_GRID = tuple(x * 1e-6 for x in range(0, 201, 25))
 """Round latencies tried (seconds): 0 to 200 us; htsim's RTT on the K=16 fat-tree is ~15 us."""
-PENDING = {("opera", "ring")}
-"""Cells waiting on the dependent-round RotorLB model of Opera (another change): reported, not fitted."""
 SERIES = {  # name -> (model, global batch, embedding dim or None for the model's)
     "baseline": ("opera_model_a", 524_288, None),
     "batch_1048576": ("opera_model_a", 1_048_576, None),
@@ -273,9 +271,7 @@ def compat_cell(series: str, nodes: int, network: str, allreduce: str, cc: FlexF
            "seconds": row["iteration_s"], "allreduce_share": row["allreduce_share"], **row}
     study = STUDY_S.get((nodes, network, allreduce)) if series == "baseline" else None
     share = STUDY_SHARE.get(nodes) if series == "baseline" else None
-    if (network, allreduce) in PENDING:
-        role = "pending RotorLB"
-    elif series != "baseline":
+    if series != "baseline":
         role = "prediction"
     elif (nodes, network, allreduce) in FIT_TABLE_CELLS:
         role = "fitted (table time)"

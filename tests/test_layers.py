@@ -317,6 +317,36 @@ def test_every_group_name_is_a_module(graph):
     assert not missing, f"LAYERS names modules that do not exist: {missing}"
 
 
+# The arrows issue 15 found in the old main, as module pairs: each must be against LAYERS (a test
+# that cannot fail on them would guard nothing). Circles are the generic check's (tested below).
+ISSUE_15_ARROWS = [
+    ("neo_train.parallel.model_parallel", "neo_train.train.trainer"),  # parallel -> train
+    ("neo_train.train.checkpoint.save_load", "neo_train.train.trainer"),  # allowed (same group): control
+    ("neo_train.config", "neo_train.comm.executor"),  # config -> comm
+    ("neo_train.topology.workload", "neo_train.sharding.collection"),  # simulator -> runtime sharding
+    ("neo_train.topology.spec", "neo_train.planning.cost_model"),  # the cluster description -> planning
+    ("neo_train.planning.cost_model", "neo_train.sharding.collection"),  # planning -> runtime sharding
+    ("neo_train.planning.planner", "neo_train.planning.plan_cli"),  # planner -> CLI formatting
+    ("neo_train.planning.plan", "neo_train.planning.cost_model"),  # the plan's types -> the cost model
+    ("neo_train.modules.dlrm", "neo_train.sharding.collection"),  # the model -> distribution
+    ("neo_train.modules.dlrm", "neo_train.comm.awaitable"),  # the model -> comm (sideways)
+    ("neo_train.kernels.base", "neo_train.train.trainer"),  # the optimizer spec from the trainer
+    ("neo_train.topology.spec", "neo_train.testing"),
+    ("neo_train.comm.replay", "neo_train.testing"),
+]
+
+
+@pytest.mark.parametrize("src, dst", ISSUE_15_ARROWS)
+def test_the_issue_arrows_are_against_the_layers(src, dst):
+    g = Graph(files={src: src.replace(".", "/") + ".py", dst: dst.replace(".", "/") + ".py"},
+              imports=[Import(src, dst, 1)])
+    found = arrows_against_layers(g)
+    if src.startswith("neo_train.train.") and dst.startswith("neo_train.train."):
+        assert found == {}
+    else:
+        assert list(found) == [f"{g.files[src]} -> {g.files[dst]}"], found
+
+
 # ---- the checker itself, on a package written here ------------------------------------------------
 TOY_LAYERS = (
     ("top", {"top": ("toy.top",)}),
