@@ -591,3 +591,20 @@ def test_simulate_plan_file(tmp_path, capsys):
     assert "plan is for world size 16, but the job has 32 ranks" in line
     _, line = _cli_error([*base, "--calibration", tmp_path / "cal.json", "--warmup-steps", "2"], capsys)
     assert "--calibration, --warmup-steps apply to --trace only" in line
+
+
+def test_schedule_checks_name_cycles_and_deep_chains():
+    net = FlatNetwork(2, 100 * GBPS)
+    with pytest.raises(ValueError, match=r"dependency cycle b -> d -> c -> b"):
+        simulate([Compute("a", 1.0), Compute("b", 1.0, after=("a", "d")), Compute("c", 1.0, after=("b",)),
+                  Compute("d", 1.0, after=("c",))], net)
+    with pytest.raises(ValueError, match=r"dependency cycle a -> a"):
+        simulate([Compute("a", 1.0, after=("a",))], net)
+    with pytest.raises(ValueError, match=r"duplicate phase names \['x'\]"):
+        simulate([Compute("x", 1.0), Compute("y", 1.0), Compute("x", 2.0)], net)
+    with pytest.raises(ValueError, match=r"phase 'y' waits for unknown phase\(s\) \['z'\]"):
+        simulate([Compute("y", 1.0, after=("z",))], net)
+    # a chain deeper than the recursion limit (a long recorded trace's per-rank chain) is fine
+    n = 5000
+    chain = [Compute("c0", 1e-3)] + [Compute(f"c{i}", 1e-3, after=(f"c{i - 1}",)) for i in range(1, n)]
+    assert simulate(chain, net).total == pytest.approx(n * 1e-3)

@@ -305,7 +305,8 @@ def build_flexflow_iteration(model: ModelConfig, cluster: ClusterSpec, allreduce
 def run_flexflow_iteration(model: ModelConfig, cluster: ClusterSpec, network: str, allreduce: str = "auto", *,
                            global_batch: int = 524_288, compat: FlexFlowCompat | None = None,
                            bulk_threshold: float = 0.0, vlb: bool = True, seed: int = 0, aggregate: bool = True,
-                           fast_forward: bool = True) -> tuple[SimResult, dict[str, Any]]:
+                           fast_forward: bool = True, progress: float | bool = False,
+                           ) -> tuple[SimResult, dict[str, Any]]:
     """Simulate one iteration in the flexflow compat mode; returns the result and a flat summary
     row (seconds, bytes), as ``study.run_iteration``."""
     cc = compat or FlexFlowCompat()
@@ -317,7 +318,7 @@ def run_flexflow_iteration(model: ModelConfig, cluster: ClusterSpec, network: st
         raise ValueError(f"--opera-option {sorted(opts)} given for a {network} network")
     net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=cc.routing,
                        flow_latency=cc.round_latency if network == "fattree" else 0.0, opera_options=opts)
-    res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward)
+    res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward, progress=progress)
     a2a_b, ar_b = it.network_bytes["all_to_all"], it.network_bytes["all_reduce"]
     tot = res.totals()
     label = network + ("-ecmp" if network == "fattree" and cc.routing == "ecmp" else "")

@@ -60,32 +60,38 @@ __all__ = ["Transfer", "Comm", "Compute", "Phase", "PhaseTiming", "SimResult", "
 
 
 def _check_dag(phases: Sequence[Phase]) -> None:
-    names = [p.name for p in phases]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    """Unique names, known dependencies, no cycle (the one found is named). Iterative: a recorded
+    trace's per-rank chains are as deep as its steps times its events, past Python's recursion
+    limit."""
+    seen: set[str] = set()
+    dup = sorted({p.name for p in phases if p.name in seen or seen.add(p.name)})
     if dup:
         raise ValueError(f"schedule: duplicate phase names {dup}")
-    known = set(names)
     for p in phases:
         if not isinstance(p, (Comm, Compute)):
             raise TypeError(f"schedule: {p!r} is neither Comm nor Compute")
-        missing = [d for d in p.after if d not in known]
+        missing = [d for d in p.after if d not in seen]
         if missing:
             raise ValueError(f"schedule: phase '{p.name}' waits for unknown phase(s) {missing}")
-    deps = {p.name: p.after for p in phases}
-    state: dict[str, int] = {}
-
-    def visit(nm: str, path: tuple[str, ...]) -> None:
-        if state.get(nm) == 2:
-            return
-        if state.get(nm) == 1:
-            raise ValueError(f"schedule: dependency cycle {' -> '.join(path + (nm,))}")
-        state[nm] = 1
-        for d in deps[nm]:
-            visit(d, path + (nm,))
-        state[nm] = 2
-
-    for nm in names:
-        visit(nm, ())
+    deps = {p.name: tuple(p.after) for p in phases}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in deps:
+        if root in state:
+            continue
+        path, work = [root], [iter(deps[root])]
+        state[root] = 1
+        while work:
+            d = next(work[-1], None)
+            if d is None:
+                state[path.pop()] = 2
+                work.pop()
+            elif state.get(d) == 1:
+                cyc = path[path.index(d):] + [d]
+                raise ValueError(f"schedule: dependency cycle {' -> '.join(cyc)}")
+            elif d not in state:
+                state[d] = 1
+                path.append(d)
+                work.append(iter(deps[d]))
 
 
 def simulate(phases: Sequence[Phase], network: Network, *, aggregate: bool = True,

@@ -82,11 +82,13 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
                   placement: str = "planner", aggregate: bool = True, fast_forward: bool = True,
                   seed: int = 0, routing: str = "spray", table_wise_only: bool = True,
                   compat: FlexFlowCompat | None = None, opera_options: dict[str, Any] | None = None,
-                  plan: ShardingPlan | None = None) -> tuple[SimResult, dict[str, Any]]:
+                  plan: ShardingPlan | None = None, progress: float | bool = False,
+                  ) -> tuple[SimResult, dict[str, Any]]:
     """Simulate one iteration; returns the result and a flat summary row (seconds, bytes).
     ``compat``: the flexflow compat mode instead (``flexflow.run_flexflow_iteration``; ``a2a``,
     ``input_dist``, ``placement``, ``routing`` and ``table_wise_only`` are the mode's own then).
-    ``plan``: simulate this plan instead of placing the tables (``IterationSpec.plan``)."""
+    ``plan``: simulate this plan instead of placing the tables (``IterationSpec.plan``).
+    ``progress``: ``simulate``'s (a stderr line every that many seconds of a long simulation)."""
     if compat is not None:
         if plan is not None:
             raise ValueError("a plan cannot be given with the flexflow compat mode (it places tables round robin)")
@@ -94,14 +96,14 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
             compat = dataclasses.replace(compat, opera_options=compat.opera_options + tuple(opera_options.items()))
         return run_flexflow_iteration(model, cluster, network, allreduce, global_batch=global_batch, compat=compat,
                                       bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, aggregate=aggregate,
-                                      fast_forward=fast_forward)
+                                      fast_forward=fast_forward, progress=progress)
     if allreduce == "auto":
         allreduce = "dps" if network == "opera" else "ring"
     it = build_iteration(IterationSpec(model, cluster, global_batch, allreduce, a2a, input_dist, placement,
                                        table_wise_only, plan=plan))
     net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=routing,
                        opera_options=opera_options)
-    res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward)
+    res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward, progress=progress)
     a2a_b, ar_b = it.network_bytes.get("all_to_all", 0.0), it.network_bytes.get("all_reduce", 0.0)
     tot = res.totals()
     row: dict[str, Any] = {
@@ -266,7 +268,7 @@ def simulate_command(args: argparse.Namespace) -> int:
                                  bulk_threshold=thr, vlb=not args.no_vlb, a2a=args.a2a, input_dist=args.input_dist,
                                  placement=args.placement, aggregate=not args.exact, fast_forward=not args.exact,
                                  seed=args.seed, routing=args.routing, table_wise_only=not args.any_sharding,
-                                 compat=compat, opera_options=opera_options, plan=plan)
+                                 compat=compat, opera_options=opera_options, plan=plan, progress=True)
     print(f"cluster: {cluster.describe()}")
     print(compat_report(res) if compat is not None else res.report())
     a2a_b = sum(p.network_bytes for p in res.phases if p.kind == "all_to_all")
