@@ -181,11 +181,12 @@ def _calibrate(path: str, W: int, sizes: list[int] | None, iters: int, busy_s: f
     cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
     cal.save(path)
     print(cal.table())
-    print(f"{'kind':<15} {'g':>2} {'bytes':>9} {'measured us':>12} {'model us':>9} {'GB/s':>7}")
+    print(f"{'kind':<21} {'g':>2} {'bytes':>9} {'measured us':>12} {'model us':>9} {'GB/s':>7}")
     for smp in samples:
-        pred = cal.predict(smp["kind"], smp["group"], smp["bytes"])
-        print(f"{smp['kind']:<15} {smp['group']:>2} {smp['bytes']:>9} {smp['seconds'] * 1e6:12.0f} {pred * 1e6:9.0f} "
-              f"{smp['bytes'] / smp['seconds'] / 1e9:7.3f}")
+        a = bool(smp.get("async", False))  # a busy calibration's asynchronous calls: their own fit
+        pred = cal.predict(smp["kind"], smp["group"], smp["bytes"], async_op=a)
+        print(f"{smp['kind'] + (' async' if a else ''):<21} {smp['group']:>2} {smp['bytes']:>9} "
+              f"{smp['seconds'] * 1e6:12.0f} {pred * 1e6:9.0f} {smp['bytes'] / smp['seconds'] / 1e9:7.3f}")
     print(f"calibration written to {path} (load {load:.2f} -> {os.getloadavg()[0]:.2f})")
     return 0
 

@@ -22,18 +22,22 @@ For each world size W (gloo ranks on this host, one torch thread each):
 2. Calibrate the transport on W fresh ranks (``neo_train.topology.calibrate``; the file
    ``neo-train calibrate --nproc W [--busy-ms X]`` writes): every collective kind x group size
    2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
-   per_rank) that fits better. Two calibrations:
+   per_rank) that fits better. A call's cost is what the simulator charges: the mean over
+   iterations and the group's ranks of (return - the last rank's call). Two calibrations:
        idle    each call after a barrier, the ranks otherwise idle: the transport alone
        busy    no barrier; before each call every rank computes for X x U(0.5, 1.5), X = the
-               mean compute between two blocking intervals in this W's recorded runs (the
-               runs' duty cycle; nothing of their communication): the transport between
-               CPU-bound ranks, which on a host with fewer free cores than busy processes waits
-               for a core after every hand-off
+               median over this W's recorded runs of their mean compute between two blocking
+               intervals (the runs' duty cycle; nothing of their communication): the transport
+               between CPU-bound ranks, which on a host with fewer free cores than busy
+               processes waits for a core after every hand-off. Each cell is also launched
+               asynchronously, the ranks computing X x U(0, 1) before they wait, as training
+               overlaps its output dist and DDP's buckets with compute: fitted apart, for the
+               traces' asynchronous collectives
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
    collective starting when the last rank of its group issues it, taking alpha + its bytes on
-   the calibrated fabric.
+   the calibrated fabric (an asynchronous one: the busy calibration's asynchronous fit).
 
 Measured step time: per step, the span from the trainer's step mark to the next, mean over ranks;
 the median over the steps after --warmup (default 4). Predicted: the same spans in the simulated

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from neo_train.topology.calibrate import (
-    FORMAT, Calibration, CalibrationError, KindFit, _unit_time, fabric_comm, fit_calibration, nnls,
+    FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _unit_time, fabric_comm,
+    fit_calibration, nnls,
 )
 from neo_train.topology.simulator import simulate
 from neo_train.topology.trace_input import load_trace, rank_timelines, timeline_phases
@@ -178,6 +179,24 @@ def test_the_recorded_timeline_is_complete(run_trace):
     assert all(set(by_rank) == {0, 1} for by_rank in colls.values())
 
 
+def test_the_recorded_timeline_accounts_for_the_wall_clock(run_trace):
+    """Nothing is left out between the blocking intervals: a rank's recorded compute and blocked
+    times, summed from its first interval, put each collective's call where the wall clock
+    (startTime_ns) does, to the end of the run: a replay that keeps them loses no time."""
+    blocks, colls = rank_timelines(load_trace(run_trace))
+    for r, bs in blocks.items():
+        t, start = 0, {}
+        for b in bs:
+            start[b.order] = t + b.compute
+            t += b.compute + b.blocked
+        calls = sorted((e["startTime_ns"], start[e["order"]] * 1e9) for by_rank in colls.values()
+                       for rr, e in by_rank.items() if rr == r)
+        offset = [wall - rebuilt for wall, rebuilt in calls]
+        q = max(1, len(offset) // 4)
+        drift = np.median(offset[-q:]) - np.median(offset[:q])
+        assert abs(drift) < 0.5 * MS, (r, drift)
+
+
 def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys):
     from neo_train.topology.study import add_simulate_arguments, simulate_command
 
@@ -218,6 +237,18 @@ def test_the_fit_recovers_known_latency_and_bandwidth(fabric):
         assert cal.kinds[k].max_rel_err < 1e-9
     s = samples[7]
     assert cal.predict(s["kind"], s["group"], s["bytes"]) == pytest.approx(s["seconds"], rel=1e-6)
+    assert cal.async_kinds == {}
+    # a busy calibration's asynchronous samples: fitted apart, on the same fabric and C
+    launched = [dict(s, seconds=2 * alpha[s["kind"]][s["group"]] + 3 * (s["seconds"] - alpha[s["kind"]][s["group"]]),
+                     **{"async": True}) for s in samples]
+    cal = fit_calibration(samples + launched, world_size=4, transport="gloo", device="cpu")
+    assert cal.fabric == fabric and cal.bandwidth == pytest.approx(C, rel=1e-6)
+    for k in alpha:
+        assert cal.kinds[k].byte_factor == pytest.approx(factor[k], rel=1e-6)
+        assert cal.async_kinds[k].byte_factor == pytest.approx(3 * factor[k], rel=1e-6)
+        assert cal.latency(k, 3, async_op=True) == pytest.approx(2 * alpha[k][3], rel=1e-6)
+    assert cal.predict(s["kind"], s["group"], s["bytes"], async_op=True) == pytest.approx(launched[7]["seconds"],
+                                                                                          rel=1e-6)
 
 
 def test_nnls_keeps_coefficients_non_negative():
@@ -291,13 +322,54 @@ def test_measure_collectives_on_gloo_ranks(busy_s):
 
     a, b, c = run_ranks(_measure_body, 3, busy_s)
     assert a == b == c  # every rank returns the same samples
-    cells = {(s["kind"], s["group"], s["bytes"] // 4 // s["group"] * s["group"] > 0) for s in a}
-    assert len(a) == 4 * 2 * 2 and len(cells) == 4 * 2
+    sync = [s for s in a if not s.get("async")]
+    cells = {(s["kind"], s["group"], s["bytes"] // 4 // s["group"] * s["group"] > 0) for s in sync}
+    assert len(sync) == 4 * 2 * 2 and len(cells) == 4 * 2
+    # a busy calibration also launches every cell asynchronously, the ranks computing meanwhile
+    assert len(a) - len(sync) == (4 * 2 * 2 if busy_s else 0)
     assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s for s in a)
-    cal = fit_calibration(a, world_size=3, transport="gloo", device="cpu") if any(
-        s["seconds"] != a[0]["seconds"] for s in a) else None
-    if cal is not None:
-        assert set(cal.kinds) == {"all_to_allv", "all_reduce", "all_gather", "reduce_scatter"}
+    assert all(s["p25"] <= s["p50"] <= s["p75"] for s in sync)
+
+
+def test_a_call_costs_its_ranks_mean_return_after_the_last_call():
+    """The simulator starts a collective at its last rank's call and resumes every rank at its end,
+    and a step is the sum of its calls: a call's cost is the mean over ranks of (return - last
+    call), averaged over iterations; the fastest rank's median (the calibration before) misses
+    both the slower rank and the tail."""
+    call = np.array([[0, 10, 20, 30], [2, 12, 22, 32]]) * MS  # (ranks, iterations): rank 1 calls last
+    ret = np.array([[3, 13, 23, 38], [4, 14, 24, 39]]) * MS  # 1.5 ms each, one 6.5 ms stall
+    per_iter = _call_seconds(call, ret)
+    assert per_iter * 1e3 == pytest.approx([1.5, 1.5, 1.5, 6.5])
+    assert per_iter.mean() * 1e3 == pytest.approx(2.75)
+    assert np.median((ret - call).min(axis=0)) / 1e9 * 1e3 == pytest.approx(2.0)  # the old estimate
+
+
+def test_an_async_collective_lasts_what_makes_the_waits_return_when_they_did():
+    """D: the collective ends D after the last launch; a wait returns at the later of its start and
+    that end. Waits that began after the end say only that D was shorter."""
+    launch = np.array([[0, 10], [1, 11]]) * MS
+    D = 3 * MS
+    wait = np.array([[2, 20], [3, 12]]) * MS  # rank 0's second wait starts after the end (14 ms)
+    ret = np.maximum(wait, launch.max(axis=0) + D)
+    assert _async_seconds(launch, wait, ret) * 1e3 == pytest.approx(3.0)
+    assert _async_seconds(launch, wait, wait) == 0.0  # every wait returned at once: nothing to wait for
+
+
+def test_async_collectives_use_the_calibration_for_launched_collectives(tmp_path):
+    """The hand-made trace's asynchronous all-to-all and all-reduce take the async fit (alpha 2 ms
+    and 3 ms instead of 1 and 2); the blocking all-to-alls keep the blocking one."""
+    cal = _cal()
+    cal.async_kinds = {"all_to_allv": KindFit({2: 2e-3}, 1e-9), "all_reduce": KindFit({2: 3e-3}, 1e-9)}
+    tl = timeline_phases(load_trace(_hand_trace(tmp_path / "tr")), calibrated_collectives(cal))
+    res = simulate(tl.phases, cal.network())
+    end = {p.name: p.end * 1e3 for p in res.phases}
+    assert end[tl.nodes[(0, 0)][1]] == pytest.approx(1.0)  # blocking: alpha 1 ms
+    assert end[tl.nodes[(0, 2)][1]] == pytest.approx(6.0)  # last launch at 4 ms + 2 ms
+    # the all-reduce: rank 1 launches last, at 8 ms (2 ms after its wait); + 3 ms + 2 MB at 1 GB/s
+    assert end[tl.nodes[(0, 4)][1]] == pytest.approx(13.0)
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.async_kinds == cal.async_kinds and back.latency("all_reduce", 2, async_op=True) == 3e-3
+    assert back.latency("all_gather", 2, async_op=True) == back.latency("all_gather", 2)  # no async fit: blocking
 
 
 # ---- the command line: errors name the file, rank and field -------------------------------------

@@ -6,6 +6,7 @@
     net = cal.network()                                  # the flat network the fit describes
     comm = cal.comm("all_to_allv", group, sizes, name="a2a", after=(...))   # a Comm on it
     cal.latency("all_to_allv", 4)                        # seconds, added before the Comm
+    cal.latency("all_to_allv", 4, async_op=True)         # launched, overlapped with compute (--busy-ms)
 
 ``neo-train calibrate --nproc 4 --out calib_w4.json`` measures and writes the file;
 ``neo-train simulate --trace DIR --calibration calib_w4.json`` uses it.
@@ -28,15 +29,29 @@ scaled by ``byte_factor = beta[k] / beta[all_to_allv]`` (its reductions, its alg
 copies). The fit minimises relative errors (sizes span six orders of magnitude) with non-negative
 coefficients. In the simulator a collective is a ``Compute`` of alpha (it holds no link) followed
 by its ``Comm``, so concurrent collectives share the fabric's bandwidth but not their latencies.
+A busy calibration also fits the collectives launched asynchronously while the ranks compute
+(``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
+simulator uses them for the trace's asynchronous collectives.
 
 Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job; the
-others wait at the barrier) and message size, each call follows a barrier; an iteration's time is
-the smallest over the group's ranks of call-to-return (the last rank to arrive sees the collective
-alone, the others also their wait for it: what the simulator adds from the trace); a cell's time
-is the median over iterations, the cells taking turns iteration by iteration so that a noisy
-stretch of a shared host hits all of them alike. Only the ``Communicator`` interface is used, so
-the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is
-read after the collective, which synchronises the stream).
+others wait) and message size, cells taking turns iteration by iteration so that a noisy stretch of
+a shared host hits all of them alike. A call costs what the simulator charges for it: the
+collective starts when the last rank of its group calls, and every rank resumes when it ends. So an
+iteration's time is, per rank, its return minus the last rank's call (on the wall clock: one host,
+or synchronised clocks), averaged over the group's ranks (not the fastest rank: the slowest one
+holds the others up at the next collective); a cell's time is the *mean* over iterations (the
+simulator adds a cost to every call, so a step takes the sum of their expected costs; on a busy
+host a call's time has a long tail, which a median leaves out). *idle*: each call after a barrier.
+*busy* (``busy_s``): every rank computes before each call, as in training; then, as training issues
+its asynchronous collectives (the output dist, DDP's buckets), the same collective launched
+asynchronously, the ranks computing on while it progresses, then waited for: on a host whose cores
+the ranks' compute holds, the transport's threads wait for a core, which a collective the ranks
+wait in does not see. Its cost is fitted separately (``Calibration.async_kinds``): the duration D
+for which the simulator's rule for an asynchronous collective (it ends D after the last rank's
+launch; a rank's wait returns at the later of its start and that end) gives the measured mean
+return. Only the ``Communicator`` interface is used, so the same code calibrates gloo on CPUs and
+NCCL on GPUs (where ``device`` is "cuda": the result is read after the collective, which
+synchronises the stream).
 """
 from __future__ import annotations
 
@@ -203,7 +218,9 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
                     fabrics: Sequence[str] = FABRICS, meta: Mapping[str, Any] | None = None) -> "Calibration":
     """Fit alpha per (kind, group size) and beta per kind on each fabric; keep the fabric with the
     smaller RMS relative error. ``samples``: dicts with kind, group, bytes, seconds (more keys are
-    kept in the file). A ValueError when nothing depends on size (no bandwidth to fit)."""
+    kept in the file); those with ``async`` true (a busy calibration's asynchronous collectives)
+    are fitted apart on the kept fabric (``Calibration.async_kinds``). A ValueError when nothing
+    depends on size (no bandwidth to fit)."""
     if not samples:
         raise ValueError("fit_calibration: no samples")
     for i, s in enumerate(samples):
@@ -211,13 +228,16 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
             raise ValueError(f"fit_calibration: sample {i} has kind {s.get('kind')!r} (known: {KINDS})")
         if not (int(s.get("group", 0)) >= 2 and float(s.get("seconds", 0)) > 0 and float(s.get("bytes", -1)) >= 0):
             raise ValueError(f"fit_calibration: sample {i} needs group >= 2, bytes >= 0 and seconds > 0, got {dict(s)}")
+    sync = [s for s in samples if not s.get("async")]
+    if not sync:
+        raise ValueError("fit_calibration: no samples of blocking calls (only asynchronous ones)")
     best: tuple[float, str, dict[str, KindFit], float] | None = None
     errs: dict[str, float] = {}
     for fab in fabrics:
         fits: dict[str, KindFit] = {}
         sq, n, share = 0.0, 0, 0.0
         for kind in KINDS:
-            rows = [s for s in samples if s["kind"] == kind]
+            rows = [s for s in sync if s["kind"] == kind]
             if not rows:
                 continue
             xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fab) for r in rows]
@@ -237,10 +257,21 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
     if beta_ref <= 0 or share < 1e-3:
         raise ValueError("fit_calibration: no collective's time grows with its size in these samples (give larger "
                          "message sizes): there is no bandwidth to fit")
-    kinds = {k: KindFit(f.latency_s, f.seconds_per_byte, f.seconds_per_byte / beta_ref, f.rms_rel_err, f.max_rel_err,
-                        f.samples) for k, f in fits.items()}
+    kinds = {k: _relative(f, beta_ref) for k, f in fits.items()}
+    async_kinds = {}
+    for kind in KINDS:
+        rows = [s for s in samples if s.get("async") and s["kind"] == kind]
+        if rows:
+            xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in rows]
+            async_kinds[kind] = _relative(_fit_kind(rows, xs), beta_ref)
     return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,
-                       [dict(s) for s in samples], dict(meta or {}))
+                       [dict(s) for s in samples], dict(meta or {}), async_kinds=async_kinds)
+
+
+def _relative(f: KindFit, beta_ref: float) -> KindFit:
+    """``f`` with its byte factor: its beta relative to the all-to-all's (the fabric's 1 / C)."""
+    return KindFit(f.latency_s, f.seconds_per_byte, f.seconds_per_byte / beta_ref, f.rms_rel_err, f.max_rel_err,
+                   f.samples)
 
 
 # ---- the calibration --------------------------------------------------------------------------------
@@ -260,6 +291,9 @@ class Calibration:
     samples: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    async_kinds: dict[str, KindFit] = field(default_factory=dict)
+    """Collectives launched asynchronously while the ranks compute (a busy calibration's); a kind
+    without one uses its blocking fit."""
 
     def network(self) -> FlatNetwork:
         """The fabric as a flat network (no hop latency: alpha carries the fixed costs)."""
@@ -275,34 +309,40 @@ class Calibration:
     def _where(self) -> str:
         return f"calibration {self.source}" if self.source else "calibration"
 
-    def fit_for(self, kind: str) -> KindFit:
-        """The fit of ``kind`` (a barrier uses the all-reduce's latency)."""
+    def fit_for(self, kind: str, async_op: bool = False) -> KindFit:
+        """The fit of ``kind`` (a barrier uses the all-reduce's latency); ``async_op``: its fit as an
+        asynchronous collective overlapped with compute, where the calibration has one."""
         k = "all_reduce" if kind == "barrier" else kind
+        if async_op and k in self.async_kinds:
+            return self.async_kinds[k]
         if k not in self.kinds:
             raise CalibrationError(f"{self._where()} has no fit for {k} (it has {', '.join(sorted(self.kinds))}); "
                                    f"calibrate with that collective")
         return self.kinds[k]
 
-    def latency(self, kind: str, group_size: int) -> float:
-        """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one)."""
+    def latency(self, kind: str, group_size: int, async_op: bool = False) -> float:
+        """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one);
+        ``async_op``: launched asynchronously (``fit_for``)."""
         if group_size < 2:
             return 0.0
-        fit = self.fit_for(kind)
+        fit = self.fit_for(kind, async_op)
         if group_size not in fit.latency_s:
             raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
                                    f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
         return fit.latency_s[group_size]
 
-    def comm(self, kind: str, group: Sequence[int], sizes: Any, *, name: str, after: Sequence[str] = ()) -> Comm:
+    def comm(self, kind: str, group: Sequence[int], sizes: Any, *, name: str, after: Sequence[str] = (),
+             async_op: bool = False) -> Comm:
         """The collective's bytes on the fabric (``fabric_comm``, scaled by the kind's byte factor)."""
-        factor = 0.0 if kind == "barrier" else self.fit_for(kind).byte_factor
+        factor = 0.0 if kind == "barrier" else self.fit_for(kind, async_op).byte_factor
         hosts = [self.host_of(r) for r in group] if self.fabric == "per_rank" else list(group)
         return fabric_comm(kind, hosts, sizes, self.fabric, name=name, after=after, byte_factor=factor)
 
-    def predict(self, kind: str, group_size: int, nbytes: float) -> float:
+    def predict(self, kind: str, group_size: int, nbytes: float, async_op: bool = False) -> float:
         """Seconds the model gives one collective alone: alpha + its bytes' simulated time."""
-        fit = self.fit_for(kind)
-        return self.latency(kind, group_size) + fit.seconds_per_byte * _unit_time(kind, group_size, nbytes, self.fabric)
+        fit = self.fit_for(kind, async_op)
+        return self.latency(kind, group_size, async_op) + fit.seconds_per_byte * _unit_time(kind, group_size, nbytes,
+                                                                                            self.fabric)
 
     def check_for(self, world_size: int, transports: Sequence[str], what: str = "the trace") -> None:
         """CalibrationError unless this calibration describes ``what``'s machine: its world size
@@ -320,10 +360,7 @@ class Calibration:
         return {
             "format": FORMAT, "transport": self.transport, "device": self.device, "world_size": self.world_size,
             "fabric": self.fabric, "bandwidth_Bps": self.bandwidth,
-            "kinds": {k: {"latency_s": {str(g): a for g, a in sorted(f.latency_s.items())},
-                          "seconds_per_byte": f.seconds_per_byte, "byte_factor": f.byte_factor,
-                          "rms_rel_err": f.rms_rel_err, "max_rel_err": f.max_rel_err, "samples": f.samples}
-                      for k, f in self.kinds.items()},
+            "kinds": _fits_dict(self.kinds), "async_kinds": _fits_dict(self.async_kinds),
             "fabric_rms_rel_err": self.fabric_rms_rel_err, "meta": self.meta, "samples": self.samples,
         }
 
@@ -376,35 +413,51 @@ class Calibration:
         kinds_raw = data.get("kinds")
         if not isinstance(kinds_raw, dict) or not kinds_raw:
             raise CalibrationError(f"{where}: field 'kinds' must be an object of per-collective fits")
-        kinds: dict[str, KindFit] = {}
-        for k, f in kinds_raw.items():
-            if k not in KINDS:
-                raise CalibrationError(f"{where}: field 'kinds' names {k!r}, not a collective ({', '.join(KINDS)})")
-            if not isinstance(f, dict) or not isinstance(f.get("latency_s"), dict) or not f["latency_s"]:
-                raise CalibrationError(f"{where}: field 'kinds.{k}.latency_s' must be an object {{group size: seconds}}")
-            lat = {}
-            for g, a in f["latency_s"].items():
-                if not str(g).isdecimal() or int(g) < 2:
-                    raise CalibrationError(f"{where}: field 'kinds.{k}.latency_s' has group size {g!r} (need >= 2)")
-                lat[int(g)] = num(a, f"kinds.{k}.latency_s.{g}")
-            kinds[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"kinds.{k}.seconds_per_byte"),
-                               num(f.get("byte_factor"), f"kinds.{k}.byte_factor"),
-                               float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
-                               int(f.get("samples") or 0))
-        return cls(data["transport"], data["device"], W, data["fabric"], bw, kinds,
+        async_raw = data.get("async_kinds") or {}  # absent in files written before asynchronous fits
+        if not isinstance(async_raw, dict):
+            raise CalibrationError(f"{where}: field 'async_kinds' must be an object of per-collective fits")
+
+        def fits(raw: dict, key: str) -> dict[str, KindFit]:
+            out: dict[str, KindFit] = {}
+            for k, f in raw.items():
+                if k not in KINDS:
+                    raise CalibrationError(f"{where}: field '{key}' names {k!r}, not a collective ({', '.join(KINDS)})")
+                if not isinstance(f, dict) or not isinstance(f.get("latency_s"), dict) or not f["latency_s"]:
+                    raise CalibrationError(f"{where}: field '{key}.{k}.latency_s' must be an object "
+                                           f"{{group size: seconds}}")
+                lat = {}
+                for g, a in f["latency_s"].items():
+                    if not str(g).isdecimal() or int(g) < 2:
+                        raise CalibrationError(f"{where}: field '{key}.{k}.latency_s' has group size {g!r} (need >= 2)")
+                    lat[int(g)] = num(a, f"{key}.{k}.latency_s.{g}")
+                out[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"{key}.{k}.seconds_per_byte"),
+                                 num(f.get("byte_factor"), f"{key}.{k}.byte_factor"),
+                                 float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
+                                 int(f.get("samples") or 0))
+            return out
+
+        return cls(data["transport"], data["device"], W, data["fabric"], bw, fits(kinds_raw, "kinds"),
                    dict(data.get("fabric_rms_rel_err") or {}), list(data.get("samples") or []),
-                   dict(data.get("meta") or {}), source)
+                   dict(data.get("meta") or {}), source, fits(async_raw, "async_kinds"))
 
     def table(self) -> str:
         """The fit, one line per kind: latency per group size, bandwidth, errors."""
         lines = [f"calibration: {self.transport} on {self.device}, {self.world_size} ranks, fabric {self.fabric} "
                  f"({', '.join(f'{k} rms {v:.1%}' for k, v in self.fabric_rms_rel_err.items())}), "
                  f"C = {self.bandwidth / 1e9:.3f} GB/s"]
-        for k, f in self.kinds.items():
-            lat = ", ".join(f"g={g}: {a * 1e6:.0f} us" for g, a in sorted(f.latency_s.items()))
-            lines.append(f"  {k:<15} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms {f.rms_rel_err:.1%}, "
-                         f"max {f.max_rel_err:.1%} over {f.samples} samples")
+        for mode, fits in (("", self.kinds), (" async", self.async_kinds)):
+            for k, f in fits.items():
+                lat = ", ".join(f"g={g}: {a * 1e6:.0f} us" for g, a in sorted(f.latency_s.items()))
+                lines.append(f"  {k + mode:<21} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms "
+                             f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples")
         return "\n".join(lines)
+
+
+def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
+    """Per-kind fits as the file stores them."""
+    return {k: {"latency_s": {str(g): a for g, a in sorted(f.latency_s.items())},
+                "seconds_per_byte": f.seconds_per_byte, "byte_factor": f.byte_factor, "rms_rel_err": f.rms_rel_err,
+                "max_rel_err": f.max_rel_err, "samples": f.samples} for k, f in fits.items()}
 
 
 # ---- measuring (on every rank of a job) ------------------------------------------------------------
@@ -414,15 +467,16 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                         busy_s: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
     """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
     Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
-    group, bytes, seconds (median over iterations), p25 / p75 and iters. See the module docstring.
+    group, bytes, seconds (the mean over iterations of ``_call_seconds``), p25 / p50 / p75 of the
+    iterations, iters, busy_s, and ``async`` for the asynchronous ones. See the module docstring.
 
     ``busy_s`` > 0: instead of a barrier, before each call every rank computes for ``busy_s`` x
     U(0.5, 1.5) seconds (one thread, a kernel that releases the GIL), so the ranks arrive skewed
     and, as in training, stay CPU-bound between collectives: on a host with fewer free cores than
     busy processes a woken rank then waits for a core, which is what communication costs there.
-    An iteration's time is then the mean over the group's ranks of (return - the last rank's
-    call), on the wall clock (one host, or synchronised clocks); without ``busy_s``, the smallest
-    call-to-return over the group's ranks, each call after a barrier."""
+    Each cell is then also launched asynchronously, the ranks computing for ``busy_s`` x U(0, 1)
+    before they wait (``async`` samples, seconds from ``_async_seconds``). Times are on the wall
+    clock (one host, or synchronised clocks)."""
     import random
 
     import torch
@@ -447,20 +501,21 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         x = torch.ones(n, device=device)
         if k == "all_to_allv":
             sp = [n // g] * g
-            ops[(k, g, s)] = lambda sub=sub, x=x, sp=sp: sub.all_to_all_v(x, sp, sp, tag="calibrate")
+            ops[(k, g, s)] = lambda a, sub=sub, x=x, sp=sp: sub.all_to_all_v(x, sp, sp, async_op=a, tag="calibrate")
         elif k == "all_reduce":
-            ops[(k, g, s)] = lambda sub=sub, x=x: sub.all_reduce(x.clone(), tag="calibrate")
+            ops[(k, g, s)] = lambda a, sub=sub, x=x: sub.all_reduce(x.clone(), async_op=a, tag="calibrate")
         elif k == "all_gather":
-            ops[(k, g, s)] = lambda sub=sub, x=x, g=g, n=n: sub.all_gather_v(x, [n] * g, tag="calibrate")
+            ops[(k, g, s)] = lambda a, sub=sub, x=x, g=g, n=n: sub.all_gather_v(x, [n] * g, async_op=a, tag="calibrate")
         elif k == "reduce_scatter":
-            ops[(k, g, s)] = lambda sub=sub, x=x, g=g, n=n: sub.reduce_scatter_v(x, [n // g] * g, tag="calibrate")
+            ops[(k, g, s)] = lambda a, sub=sub, x=x, g=g, n=n: sub.reduce_scatter_v(x, [n // g] * g, async_op=a,
+                                                                                    tag="calibrate")
         else:
             raise ValueError(f"measure_collectives: unknown kind {k!r} (known: {KINDS})")
     rng = random.Random(seed * 1000 + rank)
     work = torch.randn(96, 96, device=device)
-    # per cell and iteration: (call, return) on the wall clock (busy) or the call's length
-    calls = np.full((len(cells), warmup + iters), np.nan)
-    rets = np.full((len(cells), warmup + iters), np.nan)
+    # per cell and iteration, wall-clock ns: a blocking call and its return; with busy_s an
+    # asynchronous launch, the start of its wait and the wait's return
+    t = np.full((5, len(cells), warmup + iters), np.nan)
     for it in range(warmup + iters):
         for c, cell in enumerate(cells):
             if busy_s > 0:  # no barrier: the collectives themselves keep the ranks in step, as in training
@@ -468,28 +523,68 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             else:
                 comm.barrier()
             op = ops.get(cell)
-            if op is None:
-                continue
-            t0 = time.time_ns() if busy_s > 0 else time.perf_counter_ns()
-            out = op()
-            if getattr(out, "is_cuda", False):
-                float(out.reshape(-1)[:1].sum())  # the result on the host: the stream is done
-            t1 = time.time_ns() if busy_s > 0 else time.perf_counter_ns()
-            calls[c, it], rets[c, it] = t0, t1
-    mine = torch.tensor(np.stack([calls[:, warmup:], rets[:, warmup:]]).reshape(-1), dtype=torch.float64, device=device)
-    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 2, len(cells), iters)
+            if op is not None:
+                t[0, c, it] = time.time_ns()
+                _synchronised(op(False))
+                t[1, c, it] = time.time_ns()
+            if busy_s > 0:
+                _busy(work, busy_s * rng.uniform(0.5, 1.5))
+                if op is not None:
+                    t[2, c, it] = time.time_ns()
+                    handle = op(True)
+                    _busy(work, busy_s * rng.uniform(0.0, 1.0))
+                    t[3, c, it] = time.time_ns()
+                    _synchronised(handle.wait())
+                    t[4, c, it] = time.time_ns()
+    mine = torch.tensor(t[:, :, warmup:].reshape(-1), dtype=torch.float64, device=device)
+    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 5, len(cells), iters)
     out = []
     for c, (k, g, s) in enumerate(cells):
-        call, ret = got[:g, 0, c, :], got[:g, 1, c, :]  # the group's ranks are 0..g-1
-        if busy_s > 0:
-            per_iter = (ret.mean(axis=0) - call.max(axis=0)) / 1e9
-        else:
-            per_iter = (ret - call).min(axis=0) / 1e9
         n = max(g, (int(s) // 4) // g * g)
+        mine_g = got[:g, :, c, :]  # the group's ranks are 0..g-1
+        per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
-        out.append({"kind": k, "group": g, "bytes": 4 * n, "seconds": float(max(q[1], 1e-7)), "p25": float(q[0]),
-                    "p75": float(q[2]), "iters": iters, "busy_s": busy_s})
+        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s}
+        out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
+                           "p75": float(q[2])})
+        if busy_s > 0:
+            out.append(base | {"seconds": float(max(_async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4]), 1e-7)),
+                               "async": True})
     return out
+
+
+def _synchronised(out: Any) -> None:
+    """Wait for a CUDA result on the host (the stream is done); nothing for CPU tensors."""
+    if getattr(out, "is_cuda", False):
+        float(out.reshape(-1)[:1].sum())
+
+
+def _call_seconds(call_ns: np.ndarray, ret_ns: np.ndarray) -> np.ndarray:
+    """Per iteration, what a blocking call cost its ranks as the simulator charges it: the mean over
+    the group's ranks of (its return - the last rank's call), seconds. Arrays (ranks, iterations)
+    of wall-clock ns."""
+    return (ret_ns.mean(axis=0) - call_ns.max(axis=0)) / 1e9
+
+
+def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> float:
+    """The duration D of an asynchronous collective under the simulator's rule (it ends D after the
+    last rank's launch; a rank's wait returns at the later of its start and that end) that gives
+    the measured mean return over ranks and iterations. Arrays (ranks, iterations) of wall-clock ns.
+    A wait that began after the collective ended constrains D only from above; the mean return is
+    reached by the other waits (D is 0 when every wait returned at once)."""
+    last = launch_ns.max(axis=0)
+    target = float(ret_ns.mean())
+
+    def mean_return(d: float) -> float:
+        return float(np.maximum(wait_ns, last + d).mean())
+
+    lo, hi = 0.0, max(0.0, float((ret_ns - last).max()))
+    if mean_return(lo) >= target:
+        return 0.0
+    for _ in range(60):  # mean_return rises with d: bisection to well under a nanosecond
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if mean_return(mid) < target else (lo, mid)
+    return 0.5 * (lo + hi) / 1e9
 
 
 def _busy(work: Any, seconds: float) -> None:

@@ -19,9 +19,10 @@ trace lacks is an error listing the ones it has); ``--compute none`` simulates c
 A trace with neither recorded compute nor ``--compute`` is an error naming its file.
 
 Network. ``--calibration FILE`` (``topology.calibrate``): the fabric, per-collective latency and
-byte factors fitted on the recording machine; its world size and transport must match the
-trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs per node = the
-largest divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU
+byte factors fitted on the recording machine (for asynchronous collectives, the fit of those
+launched while the ranks compute, when the calibration was busy); its world size and transport
+must match the trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs
+per node = the largest divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU
 topology is one node of 4), nodes = the nodes the ranks fill (Opera: its smallest study layout,
 16 / 128 / 1024, that holds them); an explicit --gpus-per-node must divide the world size and an
 explicit --nodes must hold the ranks, else a ValueError naming the flags.
@@ -148,7 +149,9 @@ def entry_sizes(kind: str, group: Sequence[int], by_rank: Mapping[int, Mapping[s
 
 def calibrated_collectives(cal: Calibration):
     """A ``timeline_phases`` factory on the calibrated fabric: the kind's latency (a Compute: it
-    holds no link) before its bytes on the fabric."""
+    holds no link) before its bytes on the fabric. An asynchronous collective (the trace's
+    ``async``) takes the calibration's fit for collectives launched while the ranks compute, where
+    it has one (``Calibration.async_kinds``: a busy calibration's)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -157,8 +160,9 @@ def calibrated_collectives(cal: Calibration):
         if k not in KINDS + ("barrier",):
             raise ValueError(f"--calibration: the calibrated model has no {kind} (it models {', '.join(KINDS)}); "
                              f"collective {name}")
-        lat = Compute(f"latency:{name}", cal.latency(k, len(group)), after)
-        comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,))
+        asy = bool(by_rank[min(by_rank)].get("async"))
+        lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy), after)
+        comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy)
         return [lat, comm], comm.name
 
     return make
