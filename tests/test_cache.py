@@ -17,6 +17,7 @@ import torch
 
 from neo_train.kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, available_backends
 from neo_train.kernels import create_embedding_bag
+from neo_train.kernels import cache
 from neo_train.kernels.cache import CachedEmbeddingBag
 
 # 3 tables of awkward sizes (dims multiples of 4 for fbgemm), one mean-pooled, read by 4 features:
@@ -207,6 +208,14 @@ def test_pinned_rows_are_not_evicted_and_prefetch_defers():
     assert torch.equal(ref.get_state(0)["sum"], m.get_state(0)["sum"])
 
 
+def test_prefetch_of_a_batch_larger_than_the_cache_defers():
+    m = CachedEmbeddingBag(ONE, SparseOptimizerSpec("sgd"), cache_rows=[3])
+    m.prefetch(*_bag([0, 1, 2, 3, 4, 4]))
+    assert m.stats()["prefetch_deferred"] == 1 and m.resident_rows(0).numel() == 0
+    with pytest.raises(ValueError, match="needs 5 unique rows"):
+        m(*_bag([0, 1, 2, 3, 4, 4]))
+
+
 def test_cache_too_small_names_table_rows_and_factor():
     m = CachedEmbeddingBag(TABLES, SparseOptimizerSpec("sgd"), cache_rows=[97, 5, 13], feature_table_map=FTM)
     values = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.int64)  # feature 1 reads table "b"
@@ -338,3 +347,77 @@ def test_mmap_store_files_survive_flush(tmp_path):
         assert torch.equal(torch.from_numpy(weight), m.get_table(t))
         assert torch.equal(torch.from_numpy(state), m.get_state(t)["sum"])
         assert (state != 0).any()  # trained rows reached the file
+
+
+# ---- row maps ---------------------------------------------------------------------------------
+def test_dense_and_sorted_row_maps_agree_with_a_dict():
+    """Both row -> slot maps against a plain dict over random moves: victims free or holding a
+    row, k from 1 to every slot, lookups with repeated and non-resident ids."""
+    g = torch.Generator().manual_seed(0)
+    rows, C, cpu = 50, 7, torch.device("cpu")
+    maps = [cache._DenseRowMap(rows, C, cpu), cache._SortedRowMap(rows, C, cpu)]
+    slot_row = torch.full((C,), -1)
+    for _ in range(60):
+        k = int(torch.randint(1, C + 1, (1,), generator=g))
+        slots = torch.randperm(C, generator=g)[:k]
+        absent = torch.tensor([r for r in range(rows) if r not in set(slot_row.tolist())])
+        fetched = absent[torch.randperm(absent.numel(), generator=g)[:k]]
+        old = slot_row[slots]
+        slot_row[slots] = fetched
+        for m in maps:  # as _replace passes them: a free slot "evicts" the row it receives
+            m.moved(torch.where(old >= 0, old, fetched), fetched, slots, slot_row)
+        where = {r: s for s, r in enumerate(slot_row.tolist()) if r >= 0}
+        ids = torch.randint(0, rows, (30,), generator=g)
+        want = [where.get(r, C) for r in ids.tolist()]
+        for m in maps:
+            assert m.lookup(ids).tolist() == want, type(m).__name__
+        assert all(m.lookup(ids[:0]).numel() == 0 for m in maps)
+
+
+@pytest.mark.parametrize("policy,prefetch,store", [
+    ("lru", False, "host"), ("lru", True, "mmap"), ("lfu", False, "mmap"), ("lfu", True, "host"),
+])  # fmt: skip
+@pytest.mark.parametrize("factor", [0.0, 0.5])
+def test_sorted_row_map_fallback_matches_dense(policy, prefetch, store, factor, tmp_path, monkeypatch, request):
+    """Tables past DENSE_MAP_MAX_ROWS (lowered here: table "b", 1000 rows) use the sorted map:
+    training, statistics and resident rows equal the all-dense kernel's and the resident
+    kernel's, with caches of exactly one batch's unique rows (factor 0) and larger, repeated ids
+    and empty bags (``_batches``)."""
+    opt = SparseOptimizerSpec("rowwise_adagrad", lr=0.1)
+    batches = _batches(_seed(request), True)
+    rows = _cache_rows(batches, factor)
+    ref = create_embedding_bag("reference", TABLES, opt, feature_table_map=FTM)
+    ref_outs = _train(ref, batches)
+    dense = _cached("reference", opt, rows, policy, store, tmp_path / "dense")
+    monkeypatch.setattr(cache, "DENSE_MAP_MAX_ROWS", 100)
+    mixed = _cached("reference", opt, rows, policy, store, tmp_path / "mixed")
+    assert [type(c.map) for c in dense._slots] == [cache._DenseRowMap] * 3
+    assert [type(c.map) for c in mixed._slots] == [cache._DenseRowMap, cache._SortedRowMap, cache._DenseRowMap]
+    for m in (dense, mixed):
+        _assert_same(ref, ref_outs, m, _train(m, batches, prefetch=prefetch))
+        assert m.stats()["evictions"] > 0
+    assert {k: v for k, v in dense.stats().items() if k != "fetch_s"} == {
+        k: v for k, v in mixed.stats().items() if k != "fetch_s"}  # fmt: skip
+    for t in range(len(TABLES)):
+        assert torch.equal(dense.resident_rows(t), mixed.resident_rows(t))
+
+
+def test_lfu_sort_path_picks_the_composite_keys_victims():
+    """LFU counts so large that the composite victim key would overflow take the sorting path;
+    it must pick the same victims (the counts shifted by a constant keep their order)."""
+    opt = SparseOptimizerSpec("sgd", lr=0.1)
+    table = [TableSpec(200, 4, "sum", "s")]
+    batches = _batches(21, False, n=12, tables=table, ftm=[0])
+    a, b = (CachedEmbeddingBag(table, opt, cache_rows=_cache_rows(batches, 0.2, table, [0]), policy="lfu")
+            for _ in range(2))
+    for m in (a, b):
+        _train(m, batches[:4])
+    b._slots[0].freq += 2**56  # every row, resident or not: the order of the counts is unchanged
+    for m in (a, b):
+        _train(m, batches[4:])
+    span = (b._tick + 2) * b.cache_rows[0]  # the composite key's frequency unit
+    assert (int(b._slots[0].freq.max()) + 1) * span >= 2**62 > (int(a._slots[0].freq.max()) + 1) * span
+    assert a.stats()["evictions"] > 0
+    assert torch.equal(a.resident_rows(0), b.resident_rows(0))
+    assert {k: v for k, v in a.stats().items() if k != "fetch_s"} == {
+        k: v for k, v in b.stats().items() if k != "fetch_s"}  # fmt: skip
