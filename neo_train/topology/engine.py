@@ -377,7 +377,8 @@ class Engine:
             self.build()
             if self.progress:
                 self.report_progress(t)
-            if self.n == 0 and not (rlb is not None and rlb.holding()):
+            if self.n == 0 and (all(self.done) or not (rlb is not None and rlb.holding())):
+                # (every phase done: bytes still held at an intermediate belong to no round)
                 if not self.events:
                     break
                 t = self.events[0][0]
