@@ -43,7 +43,8 @@ FAIL), from the numbers in the table, next to the reason.
    step. An all-to-all's count includes the rank's segment to itself (1/W of a table-wise
    output dist); an all-reduce counts its tensor once (a ring sends 2(W-1)/W of it). Tags:
        input_dist       ids + lengths (int64 each) to the owners, and the split sizes
-       output_dist      pooled rows (forward; codec bytes: the encoded wire tensor)
+       output_dist      pooled rows (forward; codec bytes: the encoded wire tensor; a table-wise
+                        table with replication: only its bags with a cold id)
        output_dist_bwd  their gradients (backward)
        dp_grad_allreduce  the replicas' (k, D) gradients + k touched-row marks, every step
        hot_rows_*       switching hot sets: the pick all-reduce, the hash check, the replica gather
@@ -74,18 +75,47 @@ FAIL), from the numbers in the table, next to the reason.
    hot% = the share of the measured steps' ids that went to the replicas (one-hot / multi-hot
    tables), allhot% = the share of non-empty bags whose ids were all hot.
 
-   Why the goal is out of reach for multi-hot features: replication only takes hot ids out of
-   the input dist. A bag's cold ids are still pooled by the table's owner, and the owner's pooled
-   row (and its gradient) crosses the output exchange whatever share of the bag was hot: the
-   pooled exchange is dense (b rows per peer), so output_dist and output_dist_bwd do not shrink
-   at all. With pooling factor L, D = 64 and fp32, a bag sends 8 (L + 1) id + length bytes and
-   receives 4 D pooled bytes forward plus 4 D backward, so even replicating every row could cut
-   the all-to-all by at most a2a / (output + output_bwd): the table prints that bound from the
-   measured "off" bytes. One-hot features are the only place where replication could also save
-   output bytes (a bag whose one id is hot needs nothing from the owner: allhot% of them), but
-   the exchange sends those rows anyway (zeros); the table's "1h-skip" column estimates the a2a
-   ratio if one-hot tables' all-hot bags skipped the output exchange both ways (not implemented:
-   an estimate from the measured allhot%).
+   The pooled exchange with replication (table-wise plans): a bag of a replicated table with no
+   cold id (all its ids hot, or empty) pools to zeros on the owner, so its row skips output_dist
+   and its gradient output_dist_bwd; both sides know which bags from the lengths they already
+   hold (the owner from the input dist, the receiver from its own split), so no mask is sent
+   (``neo_train/sharding/table_wise.py``). skip% = the share of the replicated tables' bags with
+   no cold id; pool/off = (output_dist + output_dist_bwd) / off's. A one-hot bag skips with
+   probability ~ its table's coverage c (plus the 5 % empty bags), a multi-hot one with ~c^L
+   (L = 20: the empty bags only), so multi-hot features still save only their ids' input bytes:
+   with D = 64 and fp32 a bag sends 8 (L + 1) id + length bytes and receives 4 D pooled bytes
+   forward plus 4 D backward. Row-wise (reduce-scatter) and table-row-wise (reduce-scatter, then
+   an all-to-all of summed rows) stay dense: a row shard's owner does not know a bag's whole cold
+   length. --pooling 1 makes every table one-hot (a Criteo-like DLRM).
+
+   Measured (2026-11-23, AMD EPYC, 2 CPUs shared with another job, load 2-6, fbgemm, table_wise,
+   defaults: 100,000 x 64 tables, b = 512, window 10, 40 measured steps, --codecs '' --no-sim):
+
+       model             W  Zipf  auto k 1h|mh  a2a/off auto  K=1024  ms/step off -> auto
+       4 one-hot +       2  0.8     16|4          0.920      0.819   55.9 -> 81.5
+       4 multi-hot       2  1.05    32|16         0.773      0.632   41.8 -> 59.1
+       (L = 20)          2  1.2     64|16         0.643      0.524   32.1 -> 53.0
+                         4  0.8     16|4          0.920      0.820   82.9 -> 123.7
+                         4  1.05    32|16         0.774      0.633   58.9 -> 105.2
+                         4  1.2     64|16         0.644      0.524   74.5 -> 123.1
+       8 one-hot         2  0.8     16            0.877      0.734   27.5 -> 44.4
+       (--pooling 1)     2  1.05    32            0.621      0.411   26.4 -> 40.3
+                         2  1.2     64            0.378      0.235   25.7 -> 37.6
+                         4  0.8     16            0.877      0.735   66.4 -> 98.4
+                         4  1.05    32            0.622      0.411   72.1 -> 110.6
+                         4  1.2     64            0.378      0.235   69.4 -> 111.0
+
+   (before the skip, auto's a2a was 0.96x off at Zipf 1.05 on the mixed model.) The goal is not
+   met: at Zipf 1.05 auto sends 1.29x (mixed) / 1.61x (all one-hot) fewer all-to-all bytes, and
+   every replication variant is 1.4-1.8x slower per step here. Bytes: auto picks the k with the
+   largest net saving, and the replicas' dense (k, D) gradient all-reduce every step (8 (D + 1)
+   (W - 1) / W bytes a row, about what one skipped bag saves) stops k where a row is hit less
+   than about once per rank and step: k = 32 at b = 512, coverage 0.37. K=1024 reaches 2.4x fewer
+   all-to-all bytes on the one-hot model (0.41x) but sends 1.5x the embedding bytes in all
+   (emb/off, the all-reduce included). Time: on one host the all-to-all is a memory copy, so the
+   replication's extra work (the id split, the replica lookups and fused update, the all-reduce's
+   synchronisation, the profiler) costs more than the bytes it saves (the step breakdown shows
+   lookup, dense_fwd, emb_comm_bwd and bwd_other all grow, output_dist does not).
 
 2. Simulated (``benchmarks/opera_study.py``'s simulator and setup): the ISI study's Model-A
    (``opera_model_a``: 1000 tables of 10^7 x 80, bags of 100) at --sim-nodes 128 nodes x 8
@@ -99,7 +129,8 @@ FAIL), from the numbers in the table, next to the reason.
                 planner plan, W = 1024 ranks, Zipf a, b = 512) and its coverage c = zipf_coverage;
                 the ids' share of the input dist is scaled by 1 - c (lengths still cross), and
                 the replicas' gradient + marks, 4 k (D + 1) bytes per table, join the top MLP's
-                all-reduce (as the simulator prices data-parallel tables)
+                all-reduce (as the simulator prices data-parallel tables); the pooled
+                exchange stays dense (bags of 100 ids: a bag has no cold id with ~c^100 ~ 0)
        <codec>  pooled bytes (forward and backward) per element: fp16/bf16 2, fp8 1 + 4/D (a
                 4-byte scale per row), int8 1 + 8/D (scale + min), D = 80; a row here is one
                 table's pooled vector (neo_train scales one row per sample and peer, which can
@@ -205,16 +236,18 @@ class _Run:
     losses: list = dataclasses.field(default_factory=list)  # local loss tensors, every step
     step_s: list = dataclasses.field(default_factory=list)  # measured steps' wall seconds
     bytes0: dict = dataclasses.field(default_factory=dict)
-    hot_stats: dict = dataclasses.field(default_factory=dict)  # table -> [ids, hot ids, bags, all-hot bags]
+    hot_stats: dict = dataclasses.field(default_factory=dict)  # table -> see _hot_counts
     switches: int = 0
 
 
 def _hot_counts(run: _Run, batch: Any, hot: dict[str, torch.Tensor]) -> None:
-    """Add batch's per-table (ids, hot ids, non-empty bags, all-hot bags) under hot sets ``hot``."""
+    """Add batch's per-table (ids, hot ids, non-empty bags, all-hot non-empty bags, bags, bags with
+    no cold id: all hot or empty, the ones a table-wise plan's pooled exchange skips) under hot
+    sets ``hot``."""
     parts = batch.sparse.by_feature()
     cfg = run.trainer.cfg.model
     for t, ids_hot in hot.items():
-        acc = run.hot_stats.setdefault(t, [0, 0, 0, 0])
+        acc = run.hot_stats.setdefault(t, [0, 0, 0, 0, 0, 0])
         for f in cfg.table(t).feature_names:
             values, lengths, _ = parts[f]
             is_hot = torch.isin(values.to(torch.int64), ids_hot)
@@ -225,7 +258,10 @@ def _hot_counts(run: _Run, batch: Any, hot: dict[str, torch.Tensor]) -> None:
             acc[0] += int(values.numel())
             acc[1] += int(is_hot.sum())
             acc[2] += int(nonempty.sum())
-            acc[3] += int((nonempty & (hot_len == lengths.to(torch.int64))).sum())
+            no_cold = hot_len == lengths.to(torch.int64)
+            acc[3] += int((nonempty & no_cold).sum())
+            acc[4] += b
+            acc[5] += int(no_cold.sum())
 
 
 def _one_step(run: _Run, batches: list, measured: bool) -> None:
@@ -304,7 +340,7 @@ def rank_job(comm, job: Job) -> dict[str, Any]:
         losses = comm.all_reduce(torch.stack(run.losses).double(), op="avg", tag="bench")
         stats = {t: torch.tensor(v, dtype=torch.float64) for t, v in sorted(run.hot_stats.items())}
         if stats:
-            flat = comm.all_reduce(torch.cat(list(stats.values())), tag="bench").view(-1, 4)
+            flat = comm.all_reduce(torch.cat(list(stats.values())), tag="bench").view(-1, 6)
             stats = {t: flat[i].tolist() for i, t in enumerate(stats)}
         k = dict(getattr(tr.hot, "k", {}) or {})
         vplan = plans[run.variant.sharding or job.sharding]
@@ -365,15 +401,14 @@ def _summarise(res: dict[str, Any], timing: list[list[dict[str, Any]]], cfg: Con
             "step_s": r["step_s"], "losses": r["losses"], "final_loss": r["losses"][-1],
             "hot_share_one_hot": share(one_hot, 1, 0), "hot_share_multi_hot": share(names - one_hot, 1, 0),
             "all_hot_bags_one_hot": share(one_hot, 3, 2), "all_hot_bags_multi_hot": share(names - one_hot, 3, 2),
+            "no_cold_bags_one_hot": share(one_hot, 5, 4), "no_cold_bags_multi_hot": share(names - one_hot, 5, 4),
+            "no_cold_bags": share(names, 5, 4),
             "hot_stats": st, "backend": r["backend"],
             "phases_ms": _mean_dicts([t[ri]["phases_ms"] for t in timing]),
             "comm_ms": _mean_dicts([t[ri]["comm_ms"] for t in timing]),
         })  # fmt: skip
     off = next(x for x in rows if x["variant"] == "off")
     out_bytes = off["bytes_per_step"].get("output_dist", 0.0) + off["bytes_per_step"].get("output_dist_bwd", 0.0)
-    # the share of the pooled exchange that belongs to one-hot tables (by columns: every table has b rows)
-    dims = {t.name: t.dim for t in cfg.model.tables}
-    oh_cols = sum(dims[t] for t in one_hot) / sum(dims.values())
     off_mean = sum(off["losses"][-len(off["step_s"]):]) / len(off["step_s"])
     for x in rows:
         x["a2a_ratio"] = x["a2a_bytes"] / off["a2a_bytes"]
@@ -386,10 +421,9 @@ def _summarise(res: dict[str, Any], timing: list[list[dict[str, Any]]], cfg: Con
         n = len(x["step_s"])  # the measured steps are the last n
         x["mean_loss_measured"] = sum(x["losses"][-n:]) / n
         x["mean_loss_rel_diff_vs_off"] = (x["mean_loss_measured"] - off_mean) / off_mean
-        allhot = x["all_hot_bags_one_hot"]
-        x["a2a_ratio_if_one_hot_skip"] = (
-            (x["a2a_bytes"] - out_bytes * oh_cols * allhot) / off["a2a_bytes"] if allhot is not None else None)
-        x["a2a_ratio_bound_no_input_dist"] = out_bytes / off["a2a_bytes"]  # replicate everything: no ids at all
+        xo = x["bytes_per_step"].get("output_dist", 0.0) + x["bytes_per_step"].get("output_dist_bwd", 0.0)
+        x["input_ratio"] = x["bytes_per_step"].get("input_dist", 0.0) / max(off["bytes_per_step"].get("input_dist", 0.0), 1e-12)
+        x["pooled_ratio"] = xo / out_bytes if out_bytes else None  # output_dist + output_dist_bwd vs off's
     ctrl = next((x for x in rows if x["control"]), None)
     for x in rows:  # the rounding control's drift, next to every replication variant's
         if ctrl is not None and x["hot_rows"] != "off":
@@ -501,6 +535,10 @@ def _k_text(row: dict[str, Any], cfg: Config) -> str:
     return f"{fmt(ko)}|{fmt(km)}"
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def _pct(x: float | None) -> str:
     return f"{100 * x:5.1f}" if x is not None else "    -"
 
@@ -509,7 +547,7 @@ def print_measured(rows: list[dict[str, Any]], cfg: Config) -> None:
     KB = 1e3
     head = (f"{'W':>2} {'zipf':>4} {'variant':<9} {'k 1h|mh':>10} {'in_dist':>8} {'out':>8} {'out_bwd':>8} "
             f"{'a2a KB':>8} {'a2a/off':>7} {'dp_ar':>7} {'hot_*':>6} {'emb/off':>7} {'hot% 1h':>7} {'mh':>5} "
-            f"{'allhot1h':>8} {'1h-skip':>7} {'ms/step':>8} {'/off':>5} {'samples/s':>9} {'final loss':>10} "
+            f"{'allhot1h':>8} {'skip%':>5} {'pool/off':>8} {'ms/step':>8} {'/off':>5} {'samples/s':>9} {'final loss':>10} "
             f"{'loss vs off':>13}")  # fmt: skip
     print(head)
     print("-" * len(head))
@@ -529,13 +567,13 @@ def print_measured(rows: list[dict[str, Any]], cfg: Config) -> None:
             lv = f"{r['loss_max_rel_diff_vs_off']:.0e} " + ("ok" if r["loss_matches_off"] else f"DIFF@{first}")
         else:
             lv = f"{r['mean_loss_rel_diff_vs_off']:+.1e} mean"
-        skip = f"{r['a2a_ratio_if_one_hot_skip']:7.3f}" if r["a2a_ratio_if_one_hot_skip"] is not None else f"{'-':>7}"
+        pool = f"{r['pooled_ratio']:8.3f}" if r["pooled_ratio"] is not None else f"{'-':>8}"
         print(f"{r['world_size']:>2} {r['zipf']:>4g} {r['variant']:<9} {_k_text(r, cfg):>10} "
               f"{bt.get('input_dist', 0) / KB:>8.1f} {bt.get('output_dist', 0) / KB:>8.1f} "
               f"{bt.get('output_dist_bwd', 0) / KB:>8.1f} {r['a2a_bytes'] / KB:>8.1f} {r['a2a_ratio']:>7.3f} "
               f"{bt.get('dp_grad_allreduce', 0) / KB:>7.1f} {hot / KB:>6.1f} {r['emb_ratio']:>7.3f} "
               f"{_pct(r['hot_share_one_hot']):>7} {_pct(r['hot_share_multi_hot']):>5} {_pct(r['all_hot_bags_one_hot']):>8} "
-              f"{skip} {r['step_ms']:>8.1f} {r['step_ratio']:>5.2f} {r['samples_per_s']:>9,.0f} "
+              f"{_pct(r['no_cold_bags']):>5} {pool} {r['step_ms']:>8.1f} {r['step_ratio']:>5.2f} {r['samples_per_s']:>9,.0f} "
               f"{r['final_loss']:>10.6f} {lv:>13}")  # fmt: skip
 
 
@@ -598,7 +636,8 @@ def goal_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "world_size": W, "a2a_ratio": auto["a2a_ratio"], "a2a_reduction": 1 / auto["a2a_ratio"],
             "step_ms": auto["step_ms"], "off_step_ms": off["step_ms"], "bytes_met": bytes_ok, "time_met": time_ok,
             "met": bytes_ok and time_ok, "input_share_off": input_share,
-            "best_reduction_if_no_input_dist": 1 / auto["a2a_ratio_bound_no_input_dist"],
+            "input_ratio": auto["input_ratio"], "pooled_ratio": auto["pooled_ratio"],
+            "no_cold_bags_one_hot": auto["no_cold_bags_one_hot"], "no_cold_bags_multi_hot": auto["no_cold_bags_multi_hot"],
             "loss_matches_off": auto["loss_matches_off"],
             "codecs_meeting_bytes": [r["variant"] for r in sel if r["hot_rows"] == "off" and r["codec"] != "fp32"
                                      and r["a2a_ratio"] <= GOAL["max_a2a_ratio"]],
@@ -616,9 +655,12 @@ def print_goal(goals: list[dict[str, Any]], rows: list[dict[str, Any]], quick: b
               f"{'met' if g['bytes_met'] else 'NOT met'}; step {g['step_ms']:.1f} ms vs off {g['off_step_ms']:.1f} ms "
               f"{'met' if g['time_met'] else 'NOT met'}; losses {'match' if g['loss_matches_off'] else 'DIFFER'}"
               f" -> {'PASS' if g['met'] else 'FAIL'}")  # fmt: skip
-        print(f"        why: input_dist is {100 * g['input_share_off']:.1f}% of off's all-to-all bytes; the pooled "
-              f"exchange (forward + backward) does not shrink with replication, so even replicating every row "
-              f"would cut the all-to-all by at most {g['best_reduction_if_no_input_dist']:.2f}x")  # fmt: skip
+        pr = "-" if g["pooled_ratio"] is None else f"{g['pooled_ratio']:.3f}"
+        print(f"        where: input_dist is {100 * g['input_share_off']:.1f}% of off's all-to-all bytes and shrinks to "
+              f"{g['input_ratio']:.3f}x; the pooled exchange (forward + backward, the rest) to {pr}x: table-wise bags "
+              f"with no cold id skip it (one-hot tables' bags: {_share(g['no_cold_bags_one_hot'])}, multi-hot: "
+              f"{_share(g['no_cold_bags_multi_hot'])}, of the tables auto replicates; row-wise and table-row-wise "
+              f"exchanges stay dense)")  # fmt: skip
         if g["codecs_meeting_bytes"]:
             print(f"        (the byte target is met by the codecs {', '.join(g['codecs_meeting_bytes'])}, which narrow "
                   f"that pooled exchange instead)")  # fmt: skip
@@ -743,7 +785,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=None, help="rows per table (default 100,000; --quick 20,000)")
     p.add_argument("--dim", type=int, default=None, help="D (default 64; --quick 16)")
     p.add_argument("--tables", type=int, default=8, help="tables: the first half one-hot, the rest multi-hot")
-    p.add_argument("--pooling", type=float, default=20.0, help="multi-hot tables' pooling factor")
+    p.add_argument("--pooling", type=float, default=20.0,
+                   help="multi-hot tables' pooling factor (1: every table one-hot, a Criteo-like DLRM)")
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch (default 512; --quick 64)")
     p.add_argument("--sharding", default="table_wise", choices=SHARDINGS)
     p.add_argument("--fixed-k", type=int, default=None, help="the fixed-K variant's K (default 1024; --quick 64)")
@@ -837,8 +880,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n## 1. measured ({measured_s:.0f} s): KB sent per step per rank (mean over ranks), by tag; a2a = "
           f"input_dist + output_dist + output_dist_bwd; dp_ar = the replicas' gradient all-reduce, hot_* = hot-set "
           f"switches; emb/off = (a2a + dp_ar + hot_*) / off's; k 1h|mh = rows replicated per one-hot | multi-hot "
-          f"table; hot% = ids served by the replicas; allhot1h = one-hot bags all hot; 1h-skip = a2a/off if those "
-          f"bags also skipped the pooled exchange (estimate); ms/step = median of the slowest rank's step; loss vs "
+          f"table; hot% = ids served by the replicas; allhot1h = one-hot bags all hot; skip% = bags of the "
+          f"replicated tables with no cold id (all hot or empty: on a table-wise plan they skip the pooled exchange); "
+          f"pool/off = output_dist + output_dist_bwd vs off's; ms/step = median of the slowest rank's step; loss vs "
           f"off = max relative difference over every step (replication: must be <= {LOSS_RTOL:g}), codecs: relative "
           f"difference of the mean loss over the measured steps")  # fmt: skip
     print_measured(measured, base)

@@ -5,16 +5,20 @@ Exactness: training with replication gives the per-step losses, tables and optim
 training without it (float32 rounding apart: a bag's pooled row is summed as cold part + hot part,
 and a hot row's gradient is all-reduced instead of summed by its owner), for SGD, row-wise
 AdaGrad and Adam, table-wise / row-wise / table-row-wise, across a change of the hot sets (rows
-and state written back to their owners, the new rows gathered from theirs).
+and state written back to their owners, the new rows gathered from theirs). On table-wise plans
+the bags with no cold id skip the pooled exchange both ways: the same results, exactly the
+skipped rows' bytes fewer (fp32 and the codecs); ``auto`` counts those bytes when choosing k.
 """
 from __future__ import annotations
 
+import math
 import zlib
 
 import pytest
 import torch
 
-from neo_train.config import preset
+from neo_train.config import ModelConfig, TableConfig, preset
+from neo_train.data.batch import SparseFeatures
 from neo_train.parallel.model_parallel import DistributedModelParallel
 from neo_train.sharding import ShardingPlan
 from neo_train.sharding.collection import HOT_SUFFIX
@@ -214,5 +218,155 @@ def test_plan_command_shows_the_hot_rows_it_would_replicate(capsys) -> None:
     assert "hot rows" not in capsys.readouterr().out  # the preset's dist.hot_rows is off
     assert plan_command(p.parse_args(base + ["--hot-rows", "32"])) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "hot rows" in ln or " k " in ln]
-    assert lines[0].startswith("hot rows    32: ") and "MB of ids kept local" in lines[0], lines
+    assert lines[0].startswith("hot rows    32: ") and "MB kept local (" in lines[0] and "MB of pooled rows of all-hot bags)" in lines[0], lines
     assert all(" k       32 " in ln for ln in lines[1:]) and len(lines) > 1, lines
+
+
+# ---- the sparse output exchange: bags with no cold id skip it (table-wise) ---------------------
+
+SKIP_TABLES = (
+    TableConfig("a", 40, 4, pooling_factor=3.0),  # hot, multi-hot
+    TableConfig("b", 30, 6, pooling_factor=1.0, feature_names=("b1", "b2")),  # hot, one table two features
+    TableConfig("c", 20, 4, pooling_factor=2.0),  # not replicated: every bag crosses
+    TableConfig("d", 9, 2, pooling_factor=1.0),  # hot, the narrowest (chunks of gcd(4, 6, 2) = 2 values)
+)
+SKIP_MODEL = ModelConfig(SKIP_TABLES, bottom_mlp=(4,), interaction="cat")
+SKIP_HOT = {"a": torch.tensor([3, 0, 17, 39, 8]), "b": torch.tensor([29, 1, 2]), "d": torch.tensor([4])}
+SKIP_B, SKIP_STEPS = 5, 3
+
+
+def _skip_batch(rank: int, step: int) -> tuple:
+    """Rank ``rank``'s batch: per feature, bags that are all hot, all cold, mixed and empty
+    (the kind cycles with rank, step, feature and bag, so every kind lands on every owner)."""
+    feats, skipped = {}, {}
+    g = torch.Generator().manual_seed(100 * step + rank)
+    for fi, f in enumerate(("a", "b1", "b2", "c", "d")):
+        t = {"b1": "b", "b2": "b"}.get(f, f)
+        rows = SKIP_MODEL.table(t).num_rows
+        hot = SKIP_HOT.get(t, torch.tensor([5, 11]))  # "c" has no replication: the same id kinds, all cold there
+        cold = torch.tensor([i for i in range(rows) if i not in set(hot.tolist())])
+        vals, lens, skip = [], [], []
+        for j in range(SKIP_B):
+            kind = (rank + step + fi + j) % 4
+            n = int(torch.randint(1, 4, (1,), generator=g)) if t != "d" else 1
+            pick = lambda pool, m: pool[torch.randint(0, pool.numel(), (m,), generator=g)]  # noqa: E731
+            if kind == 0:
+                ids = pick(hot, n)
+            elif kind == 1:
+                ids = pick(cold, n)
+            elif kind == 2:
+                ids = torch.cat([pick(hot, 1), pick(cold, 1)]) if t != "d" else pick(hot, 1)
+            else:
+                ids = torch.zeros(0, dtype=torch.int64)
+            vals.append(ids)
+            lens.append(ids.numel())
+            skip.append(t in SKIP_HOT and not bool((~torch.isin(ids, SKIP_HOT[t])).any()))
+        feats[f] = (torch.cat(vals).to(torch.int64), torch.tensor(lens, dtype=torch.int32), None)
+        skipped[f] = skip
+    return SparseFeatures.from_features(feats), skipped
+
+
+def _skip_body(comm, hot: bool, codec: str | None):
+    from neo_train.comm.timing import TimingCommunicator
+    from neo_train.kernels import SparseOptimizerSpec
+    from neo_train.sharding import ShardedEmbeddingBagCollection
+    from neo_train.train.timing import PhaseTimer
+
+    comm = TimingCommunicator(comm, PhaseTimer())
+    plan = ShardingPlan.uniform(SKIP_MODEL, "table_wise", comm.world_size)
+    ebc = ShardedEmbeddingBagCollection(SKIP_MODEL, plan, comm, SparseOptimizerSpec("adam", lr=0.05), backend="reference",
+                                        seed=3, fwd_codec=codec, bwd_codec=codec,
+                                        hot_rows={t: ids.numel() for t, ids in SKIP_HOT.items()} if hot else None)  # fmt: skip
+    if hot:
+        ebc.set_hot_rows(SKIP_HOT)
+    outs, per_step, skipped = [], [], []
+    for s in range(SKIP_STEPS):
+        sparse, skip = _skip_batch(comm.rank, s)
+        before = dict(comm.bytes_by_tag)
+        out = ebc(sparse)
+        up = torch.randn(SKIP_B, out.shape[1], generator=torch.Generator().manual_seed(7 * s + comm.rank))
+        (out * up).sum().backward()
+        outs.append(out.detach())
+        per_step.append({k: v - before.get(k, 0) for k, v in comm.bytes_by_tag.items()})
+        skipped.append(skip)
+    owner = {f: plan[t.name].shards[0].rank for t in SKIP_TABLES for f in t.feature_names}
+    return outs, ebc.gather_tables(), per_step, skipped, owner
+
+
+@pytest.mark.parametrize("W", [3, 5])
+def test_bags_with_no_cold_id_skip_the_output_exchange_exactly(W: int) -> None:
+    """All-hot, all-cold, mixed and empty bags, b = 5, tables of dims 4 / 6 / 4 / 2 (one shared by
+    two features, one without replication), W = 5 leaves a rank with no table: the pooled rows and
+    the trained tables and Adam state match the run without replication, and each rank's
+    output_dist bytes (the rows it owns) and output_dist_bwd bytes (its own bags' gradients)
+    drop by exactly the skipped bags' rows (4 B x D each)."""
+    off = run_ranks(_skip_body, W, False, None)
+    on = run_ranks(_skip_body, W, True, None)
+    dims = {f: t.dim for t in SKIP_TABLES for f in t.feature_names}
+    total_skipped = 0
+    for r in range(W):
+        for s in range(SKIP_STEPS):
+            torch.testing.assert_close(on[r][0][s], off[r][0][s], rtol=1e-6, atol=1e-6)
+            # forward: rank r sends its features' rows of every source's bags; backward: it sends
+            # the gradients of its own bags' rows, to every owner
+            owner = on[r][4]
+            sent = sum(dims[f] for src in range(W) for f, flags in on[src][3][s].items() if owner[f] == r
+                       for x in flags if x)  # fmt: skip
+            got = sum(dims[f] for f, flags in on[r][3][s].items() for x in flags if x)
+            total_skipped += sent
+            for tag, skipped in (("output_dist", sent), ("output_dist_bwd", got)):
+                assert off[r][2][s][tag] - on[r][2][s][tag] == 4 * skipped, (r, s, tag, off[r][2][s], on[r][2][s])
+    assert total_skipped > 0
+    for name, entry in off[0][1].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(on[0][1][name][key], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"table {name} {key}: {m}")  # fmt: skip
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int8"])
+def test_sparse_output_exchange_with_a_codec(codec: str) -> None:
+    """The codecs encode the sparse exchange's rows, in chunks of g = gcd of the group's unit
+    widths (here 2; g = D when every table has the same dim): the pooled rows stay within the
+    codec's rounding of the fp32 ones, and the wire carries exactly the fp32 sparse exchange's
+    chunks, encoded (fp16: 2 B a value; int8: g B + 8 B of scale and offset per chunk)."""
+    ref = run_ranks(_skip_body, 3, False, None)
+    fp32 = run_ranks(_skip_body, 3, True, None)
+    coded = run_ranks(_skip_body, 3, True, codec)
+    g = 2
+    for r in range(3):
+        for s in range(SKIP_STEPS):
+            torch.testing.assert_close(coded[r][0][s], ref[r][0][s], rtol=5e-2, atol=5e-2)
+            for tag in ("output_dist", "output_dist_bwd"):
+                chunks = fp32[r][2][s][tag] // (4 * g)
+                want = chunks * g * 2 if codec == "fp16" else chunks * (g + 8)
+                assert coded[r][2][s][tag] == want, (r, s, tag, coded[r][2][s][tag], want)
+
+
+def test_auto_counts_the_output_bytes_that_one_hot_bags_save() -> None:
+    """Table-wise one-hot tables: a bag whose one id is hot (or that is empty) skips the pooled
+    exchange both ways, which ``auto`` now counts (s = 0.05 + 0.95 c of the bags at L = 1, ~c^L
+    for multi-hot ones); with the ids' bytes alone (8 B an id against 4 D B of pooled row each
+    way) no k of a wide one-hot table pays for its all-reduce. Row-wise tables save no output bytes."""
+    from neo_train.config import Config, DataConfig, DistConfig, TrainConfig
+    from neo_train.sharding.hot_rows import all_hot_fraction, choose_hot_rows
+
+    tables = tuple(TableConfig(f"t{i}", 100_000, 128, pooling_factor=L) for i, L in enumerate((1.0, 1.0, 20.0, 20.0)))
+    model = ModelConfig(tables, num_dense_features=13, bottom_mlp=(128,), top_mlp=(16,), interaction="dot")
+    cfg = Config(model, TrainConfig(batch_size=512), DataConfig(zipf_alpha=1.05), DistConfig(), name="one_hot")
+    W = 4
+    tw = choose_hot_rows(cfg, ShardingPlan.uniform(model, "table_wise", W), W, "auto")
+    rw = choose_hot_rows(cfg, ShardingPlan.uniform(model, "row_wise", W), W, "auto")
+    assert {"t0", "t1"} <= set(tw)
+    for name in ("t0", "t1"):
+        c = tw[name]
+        assert c.saved_output_bytes > 0 and c.saved_input_bytes < c.added_bytes < c.net_bytes + c.added_bytes
+        assert c.skip_fraction == pytest.approx(all_hot_fraction(c.coverage, 1.0))
+        assert c.saved_output_bytes == pytest.approx(c.skip_fraction * 512 * 128 * 8 * (W - 1) / W)
+        assert c.saved_bytes == pytest.approx(c.saved_input_bytes + c.saved_output_bytes)
+    assert all(c.saved_output_bytes == 0 and c.skip_fraction == 0 for c in rw.values())
+    assert "t0" not in rw  # the ids alone do not pay for a wide one-hot table's all-reduce
+    # a narrower codec on the pooled exchange halves what a skipped bag saves
+    fp16 = cfg.replace(dist=cfg.dist.replace(forward_comm_dtype="fp16", backward_comm_dtype="fp16"))
+    c16 = choose_hot_rows(fp16, ShardingPlan.uniform(model, "table_wise", W), W, str(tw["t0"].k))["t0"]
+    assert c16.saved_output_bytes == pytest.approx(tw["t0"].saved_output_bytes / 2)
+    assert all_hot_fraction(0.6, 20.0) < 0.06 and all_hot_fraction(0.6, 1.0) == pytest.approx(0.05 + 0.95 * 0.6 * math.exp(-(1 / 0.95 - 1) * 0.4))

@@ -157,10 +157,11 @@ def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 
     if not got:
         return f"hot rows    {setting}: no table gains (none eligible, or no k saves more than its all-reduce costs)"
     saved, added = sum(c.saved_bytes for c in got), sum(c.added_bytes for c in got)
+    ids, rows = sum(c.saved_input_bytes for c in got), sum(c.saved_output_bytes for c in got)
     mem = sum(c.memory_bytes for c in got)
-    lines = [f"hot rows    {setting}: {len(got)} table(s); per step and device {saved / 1e6:.3g} MB of ids kept "
-             f"local, {added / 1e6:.3g} MB of replica all-reduce (net {(saved - added) / 1e6:+.3g} MB); "
-             f"replicas {mem / 1e6:.3g} MB per device"]  # fmt: skip
+    lines = [f"hot rows    {setting}: {len(got)} table(s); per step and device {saved / 1e6:.3g} MB kept local "
+             f"({ids / 1e6:.3g} MB of ids, {rows / 1e6:.3g} MB of pooled rows of all-hot bags), {added / 1e6:.3g} MB "
+             f"of replica all-reduce (net {(saved - added) / 1e6:+.3g} MB); replicas {mem / 1e6:.3g} MB per device"]
     for c in got[:max_tables]:
         lines.append(f"  {c.table:<24} k {c.k:>8,}  coverage {c.coverage:6.1%}  saved {c.saved_bytes / 1e3:10,.1f} KB"
                      f"  added {c.added_bytes / 1e3:10,.1f} KB")  # fmt: skip

@@ -149,6 +149,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.register_buffer("_hot_dst", torch.tensor(dst, dtype=torch.int64), persistent=False)
         self._hot_k = {t.name: hot_rows[t.name] for t in hot_tables}
         self._hot_features = {f: t.name for t in hot_tables for f in t.feature_names}
+        for g in self.groups.values():  # table-wise: bags with no cold id skip the output exchange
+            if hasattr(g, "set_hot_features"):
+                g.set_hot_features(self._hot_features)
         self._hot_ids: dict[str, torch.Tensor] = {}  # routing: the hot set that splits new batches
         self._hot_sorted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (sorted ids, their slots)
         self._hot_version = 0
@@ -247,7 +250,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     # ---- hot-row replication (issue 13; notes/hot_rows.md) ------------------------------------
     # Table t's k hot rows are replicated as the data-parallel table t#hot: each rank pools its
     # hot ids locally and adds the result to the cold part's pooled rows, which travel through
-    # t's plan as before; the replicas' gradients are all-reduced and every replica applies the
+    # t's plan as before (table-wise: only the bags with a cold id, table_wise.py); the replicas' gradients are all-reduced and every replica applies the
     # same fused update (data_parallel.py). The owner's copy of a hot row is stale while the row
     # is hot: rows and optimizer state are written back when the hot set changes (and before an
     # export), and the new hot rows are gathered from their owners.

@@ -112,6 +112,9 @@ class Routed:
     values: torch.Tensor  # (N,)
     lengths: torch.Tensor  # (U * W * b,)
     weights: torch.Tensor | None  # (N,) or None
+    # the receiving side's mask of its own bags whose pooled rows come back through the output
+    # exchange (a table-wise group with hot-row replication: ``TableWiseSharding.local_out_mask``)
+    out_mask: torch.Tensor | None = None
 
     def offsets(self) -> torch.Tensor:
         out = torch.zeros(self.lengths.numel() + 1, dtype=torch.int64, device=self.lengths.device)
@@ -130,6 +133,7 @@ class Sends:
     per_dest: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     units_on_me: int
     weighted: bool
+    out_mask: torch.Tensor | None = None  # travels with the routed ids (``Routed.out_mask``), never on the wire
 
 
 def permute_segments(values: torch.Tensor, seg_lengths: torch.Tensor, total: int | None = None) -> torch.Tensor:
@@ -212,7 +216,9 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
             values = torch.cat(got[k][1])
             weights = _int64_as_weights(torch.cat(got[k][2])) if g.weighted else None
             total = sum(n_recv[i][k] for i in range(W))
-            routed.append(_unit_major(values, lengths, weights, W, g.units_on_me, b, total))
+            r = _unit_major(values, lengths, weights, W, g.units_on_me, b, total)
+            r.out_mask = g.out_mask
+            routed.append(r)
         return routed
 
     return Pending(finish)

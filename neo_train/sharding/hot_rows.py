@@ -69,7 +69,7 @@ from ..data.batch import SparseFeatures
 from ..planning.plan import ShardingType
 
 __all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage",
-           "hot_row_refusal", "HOT_SHARDINGS"]
+           "hot_row_refusal", "HOT_SHARDINGS", "all_hot_fraction", "SPARSE_OUTPUT_SHARDINGS"]
 
 MERSENNE_31 = (1 << 31) - 1
 """The prime of the hash family: ids are split into 31-bit halves, so every product fits int64."""
@@ -594,6 +594,21 @@ def zipf_coverage(k: int, rows: int, alpha: float) -> float:
     return min(1.0, ((k + 1) ** e - 1.0) / (rows**e - 1.0))
 
 
+def all_hot_fraction(coverage: float, pooling_factor: float) -> float:
+    """Expected fraction of a feature's bags with no cold id (every id hot, or empty) when a
+    fraction ``coverage`` of its ids is hot: E[c^n] over the bag lengths n of the synthetic
+    generator (``neo_train.data.synthetic.bag_lengths``): for L >= 1, 5 % empty and 1 +
+    Poisson(lam), lam = L / 0.95 - 1 -> 0.05 + 0.95 c exp(-lam (1 - c)); for L < 1, empty with
+    probability 1 - L, one id otherwise -> 1 - L + L c. (Ids drawn independently, so a bag's ids are
+    hot independently: c^n for n ids.) One-hot features (L = 1): 0.05 + 0.95 c; L = 20: ~c^20."""
+    c = min(max(float(coverage), 0.0), 1.0)
+    L = float(pooling_factor)
+    if L < 1.0:
+        return 1.0 - L + L * c
+    lam = max(L / 0.95 - 1.0, 0.0)
+    return 0.05 + 0.95 * c * math.exp(-lam * (1.0 - c))
+
+
 @dataclass(frozen=True)
 class HotRowChoice:
     """k hot rows of one table and what they are expected to save, in bytes per step per rank."""
@@ -601,13 +616,22 @@ class HotRowChoice:
     table: str
     k: int
     coverage: float  # fraction of the table's lookups the k rows take
-    saved_bytes: float  # input-dist bytes no longer sent
+    saved_bytes: float  # all-to-all bytes no longer sent: input dist + output exchange (both ways)
     added_bytes: float  # the replicas' gradient all-reduce
     memory_bytes: float  # replica rows + optimizer state on every rank
+    saved_input_bytes: float = 0.0  # of saved_bytes: ids that stay local
+    saved_output_bytes: float = 0.0  # of saved_bytes: pooled rows (and gradients) of bags with no cold id
+    skip_fraction: float = 0.0  # the bags that skip the output exchange (table-wise only, else 0)
 
     @property
     def net_bytes(self) -> float:
         return self.saved_bytes - self.added_bytes
+
+
+# the plans whose output exchange is an all-to-all of pooled rows per bag, which skips the bags
+# with no cold id (table_wise.py); row-wise's reduce-scatter and table-row-wise's
+# reduce-scatter + all-to-all stay dense (a row shard's owner does not know a bag's whole cold length)
+SPARSE_OUTPUT_SHARDINGS = (ShardingType.TABLE_WISE,)
 
 
 def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) -> dict[str, HotRowChoice]:
@@ -615,34 +639,49 @@ def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) ->
     the hot rows to replicate: ``setting`` "off" -> none; an integer K -> K rows of every
     eligible table with more than K rows; "auto" -> the k (a power of two) with the largest net
     saving, none where no k saves anything. Per step and rank (b local samples, L ids per bag,
-    c(k) = zipf_coverage with the table's exponent, W ranks, D the dim):
+    c(k) = zipf_coverage with the table's exponent, W ranks, D the dim, F_t the table's features):
 
-        saved  = c(k) * b * L * F_t * (8 + 4 if weighted) * (W - 1) / W     ids that stay local
-        added  = 2 * (W - 1) / W * 4 * k * (D + 1)                          ring all-reduce of the
-                                                                            (k, D) gradients + marks
-        memory = k * (D * 4 + state) on every rank
+        saved_in  = c(k) * b * L * F_t * 8 * (W - 1) / W                     ids that stay local
+        saved_out = s(k) * b * F_t * D * (v_fwd + v_bwd) * (W - 1) / W       table-wise only: the
+                    pooled rows and gradients of bags with no cold id, s(k) = all_hot_fraction(c(k), L)
+                    (E[c^n]: ~ c for one-hot features, ~ c^L for multi-hot ones; it counts the
+                    empty bags too, which also skip), v = bytes per value of the pooled exchange's
+                    codecs (dist.forward_comm_dtype / backward_comm_dtype; row scales left out)
+        added     = 2 * (W - 1) / W * 4 * k * (D + 1)                        ring all-reduce of the
+                                                                             (k, D) gradients + marks
+        memory    = k * (D * 4 + state) on every rank
 
-    The pooled rows still cross the network (a bag's cold part is pooled by its owner), so the
-    saving is the input dist's; notes/hot_rows.md has the rest of the argument."""
+    Row-wise and table-row-wise tables' pooled exchanges stay dense (saved_out = 0);
+    notes/hot_rows.md has the rest of the argument."""
+    from ..planning.cost_formulas import COMM_DTYPES
     from ..planning.cost_model import state_bytes_per_row
 
     if str(setting) == "off" or world_size < 2:
         return {}
     fixed = None if str(setting) == "auto" else int(setting)
     W, b = world_size, cfg.train.batch_size
+    dist = getattr(cfg, "dist", None)
+    v_fwd = COMM_DTYPES.get(getattr(dist, "forward_comm_dtype", "fp32") or "fp32", 4)
+    v_bwd = COMM_DTYPES.get(getattr(dist, "backward_comm_dtype", "fp32") or "fp32", 4)
     out: dict[str, HotRowChoice] = {}
     for t in cfg.model.tables:
         if t.num_rows < 2 or hot_row_refusal(t, plan[t.name], cfg.storage):
             continue
         alpha = t.zipf_alpha if t.zipf_alpha is not None else cfg.data.zipf_alpha
-        ids = b * t.pooling_factor * len(t.feature_names)
+        F = len(t.feature_names)
+        ids = b * t.pooling_factor * F
         per_id = 8  # an int64 id (weighted features add 4 B of weight: not modelled)
         row_state = state_bytes_per_row(t.dim, cfg.train.sparse_optimizer)
+        sparse_out = plan[t.name].sharding in SPARSE_OUTPUT_SHARDINGS
+        remote = (W - 1) / W
 
         def choice(k: int) -> HotRowChoice:
             c = zipf_coverage(k, t.num_rows, alpha)
-            return HotRowChoice(t.name, k, c, c * ids * per_id * (W - 1) / W, 2 * (W - 1) / W * 4 * k * (t.dim + 1),
-                                k * (t.dim * 4 + row_state))  # fmt: skip
+            s = all_hot_fraction(c, t.pooling_factor) if sparse_out else 0.0
+            saved_in = c * ids * per_id * remote
+            saved_out = s * b * F * t.dim * (v_fwd + v_bwd) * remote
+            return HotRowChoice(t.name, k, c, saved_in + saved_out, 2 * remote * 4 * k * (t.dim + 1),
+                                k * (t.dim * 4 + row_state), saved_in, saved_out, s)  # fmt: skip
 
         if fixed is not None:
             if 1 <= fixed < t.num_rows:

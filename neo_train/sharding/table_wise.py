@@ -7,14 +7,27 @@
     backward     the mirror all-to-all brings each source's gradient to the owner; the fused
                  optimizer updates the rows inside the kernel's backward
 
+Sparse output exchange (hot-row replication, notes/hot_rows.md). A feature whose table has
+replicated hot rows sends its hot ids nowhere; a bag with no cold id pools to a row of zeros on
+the owner, so its row skips the output exchange, forward and backward. Both sides know which
+bags are skipped without any message: the owner from the cold lengths it received in the input
+dist, the receiving rank from its own split of the batch before it. The exchange then carries
+one row of D_u values per (unit, bag) sent, owner-side order [source][unit][bag] (a feature
+without replication sends every bag), as chunks of g = gcd of the group's unit widths (one row
+per chunk for the codecs; g = D when every table has the same dim); the receiver scatters them
+into zeros (the backward gathers the gradient rows of the sent bags, the owner scatters them into
+zeros). The split sizes change per step: one device-to-host copy of both sides' counts per step.
+
 Column-wise sharding is the same machinery with one unit per column shard (column_wise.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
+from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
 from .common import EmbeddingSharding, GroupFeature, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange
 
@@ -59,6 +72,123 @@ class TableWiseSharding(EmbeddingSharding):
             o, w = unit_at[key]
             perm.extend(range(o, o + w))
         self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int64), persistent=False)
+        self.hot_features: frozenset[str] = frozenset()  # features split by hot-row replication
+        self._sparse_index: dict[int, tuple[torch.Tensor, ...]] = {}  # b -> the sparse exchange's static indices
+        self._not_hot: torch.Tensor | None = None
+
+    # ---- the sparse output exchange (hot-row replication) ---------------------------------------
+    def set_hot_features(self, names) -> None:
+        """The group's features whose hot ids are replicated (fixed for the collection's life):
+        their bags with no cold id skip the output exchange."""
+        self.hot_features = frozenset(n for n in names if n in self.feature_names)
+        self._sparse_index = {}
+        self._not_hot = None
+
+    @property
+    def sparse_output(self) -> bool:
+        return bool(self.hot_features)
+
+    def local_out_mask(self, parts: dict, b: int) -> torch.Tensor:
+        """(F, b) bool: the bags of this rank's batch whose pooled rows come back (F = the group's
+        features): a replicated feature's bags with a cold id, every bag of the others."""
+        rows = []
+        for f in self.feature_names:
+            lens = parts[f][1]
+            rows.append(lens > 0 if f in self.hot_features else torch.ones(b, dtype=torch.bool, device=lens.device))
+        return torch.stack(rows) if rows else torch.zeros(0, b, dtype=torch.bool)
+
+    def _chunk(self) -> int:
+        ws = [u.shard.cols for us in self.units_by_rank for u in us if u.shard.cols]
+        return math.gcd(*ws) if ws else 1
+
+    def _unit_not_hot(self) -> torch.Tensor:
+        """(U_me,) bool: this rank's units whose feature has no replication (every bag is sent)."""
+        if getattr(self, "_not_hot", None) is None:
+            self._not_hot = torch.tensor([self.features[u.feature].name not in self.hot_features
+                                          for u in self.units_by_rank[self.ctx.rank]], dtype=torch.bool,
+                                         device=self.ctx.device)  # fmt: skip
+        return self._not_hot
+
+    def _indices(self, b: int) -> tuple[torch.Tensor, ...]:
+        """Static per local batch size b (g = the chunk width):
+            send_at    (P,) chunk of the pooled (W*b, D_me) output, for each send position in
+                       [source][unit][bag][chunk] order
+            send_mask  (P,) index of the position's (unit, source, bag) in the routed lengths
+            send_peer  (P,) the position's destination (source rank)
+            recv_at    (Q,) chunk of the received (b, sum widths) block, for each receive
+                       position in [owner][unit][bag][chunk] order
+            recv_mask  (Q,) index of the position's (feature, bag) in ``local_out_mask``
+            recv_peer  (Q,) the position's owner rank"""
+        got = self._sparse_index.get(b)
+        if got is not None:
+            return got
+        W, r, g = self.ctx.world_size, self.ctx.rank, self._chunk()
+        dev = self.ctx.device
+        mine = self.units_by_rank[r]
+        U, C_me = len(mine), self.widths[r] // g
+        ar_b = torch.arange(b, dtype=torch.int64)
+        send_at, send_mask, send_peer = [], [], []
+        for s in range(W):
+            off = 0
+            for ui, u in enumerate(mine):
+                n = u.shard.cols // g
+                c = torch.arange(n, dtype=torch.int64)
+                send_at.append(((s * b + ar_b)[:, None] * C_me + off // g + c[None, :]).reshape(-1))
+                send_mask.append(((ui * W + s) * b + ar_b).repeat_interleave(n))
+                send_peer.append(torch.full((b * n,), s, dtype=torch.int64))
+                off += u.shard.cols
+        C_tot = sum(self.widths) // g
+        recv_at, recv_mask, recv_peer = [], [], []
+        base = 0
+        for j, us in enumerate(self.units_by_rank):
+            off = base
+            for u in us:
+                n = u.shard.cols // g
+                c = torch.arange(n, dtype=torch.int64)
+                recv_at.append((ar_b[:, None] * C_tot + off // g + c[None, :]).reshape(-1))
+                recv_mask.append((u.feature * b + ar_b).repeat_interleave(n))
+                recv_peer.append(torch.full((b * n,), j, dtype=torch.int64))
+                off += u.shard.cols
+            base += self.widths[j]
+        cat = lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)).to(dev)  # noqa: E731
+        got = tuple(cat(x) for x in (send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer))
+        self._sparse_index[b] = got
+        return got
+
+    def _sparse_exchange(self, pooled: torch.Tensor, routed: Routed, b: int) -> Pending:
+        """The output dist of the rows of bags with a cold id only (module docstring)."""
+        W, r, g = self.ctx.world_size, self.ctx.rank, self._chunk()
+        send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer = self._indices(b)
+        dev = self.ctx.device
+        # the owner's mask, (U, W, b) in routed order: a replicated feature's bags with a cold id
+        U = len(self.units_by_rank[r])
+        if U:
+            cold_only = self._unit_not_hot()
+            owner = ((routed.lengths.view(U, W, b) > 0) | cold_only[:, None, None]).reshape(-1)
+            sm = owner.index_select(0, send_mask)
+        else:
+            sm = torch.zeros(0, dtype=torch.bool, device=dev)
+        local = routed.out_mask
+        assert local is not None, "a sparse output exchange needs the receiving side's mask (local_out_mask)"
+        rm = local.to(dev).reshape(-1).index_select(0, recv_mask)
+        counts = torch.zeros(2 * W, dtype=torch.int64, device=dev)
+        counts.index_add_(0, send_peer, sm.to(torch.int64))
+        counts.index_add_(0, recv_peer + W, rm.to(torch.int64))
+        n = counts.tolist()  # the one host sync of the sparse exchange: both sides' split sizes
+        ins, outs = [x * g for x in n[:W]], [x * g for x in n[W:]]
+        send = pooled.reshape(-1, g).index_select(0, send_at.index_select(0, _selected(sm, sum(n[:W])))).reshape(-1)
+        pending = all_to_all_v_async(self.ctx.comm, send, ins, outs, self.ctx.fwd_codec, self.ctx.bwd_codec,
+                                     "output_dist", ([g] * W, [g] * W))  # fmt: skip
+        at = recv_at.index_select(0, _selected(rm, sum(n[W:])))
+        C_tot = sum(self.widths) // g
+
+        def finish() -> torch.Tensor:
+            with self.ctx.phase("output_dist"):
+                got = pending.wait().view(-1, g)
+                out = got.new_zeros(b * C_tot, g).index_copy(0, at, got)
+                return out.view(b, C_tot * g).index_select(1, self._perm)
+
+        return Pending(finish)
 
     def make_units(self) -> list[Unit]:
         """TW: one unit per feature, the table's single shard."""
@@ -75,7 +205,8 @@ class TableWiseSharding(EmbeddingSharding):
                 torch.cat([g[0] for g in got]) if got else any_part[0].new_zeros(0),
                 (torch.cat([g[2] for g in got]) if got else any_part[2].new_zeros(0)) if weighted else None,
             ))
-        return Sends(per_dest, len(self.units_by_rank[self.ctx.rank]), weighted)
+        mask = self.local_out_mask(parts, b) if self.sparse_output else None
+        return Sends(per_dest, len(self.units_by_rank[self.ctx.rank]), weighted, mask)
 
     def lookup(self, routed: Routed) -> torch.Tensor:
         if self.kernel is None:  # a rank that owns no table of this group: nothing to look up
@@ -85,6 +216,8 @@ class TableWiseSharding(EmbeddingSharding):
     def compute_async(self, routed: Routed, b: int) -> Pending:
         """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP)."""
         pooled = self._pooled_or_empty(self.scaled_lookup(routed), b)
+        if self.sparse_output:
+            return self._sparse_exchange(pooled, routed, b)
         pending = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                 "output_dist", async_op=True)
 
@@ -107,3 +240,14 @@ class TableWiseSharding(EmbeddingSharding):
 
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
+
+
+def _selected(mask: torch.Tensor, total: int) -> torch.Tensor:
+    """The positions where ``mask`` (1-D bool) is True, ascending, given their number ``total``
+    (known on the host): a scatter of each selected position to its rank among the selected, so no
+    device-to-host sync (boolean indexing would need one for its size)."""
+    rank = torch.cumsum(mask.to(torch.int64), 0) - 1
+    slot = torch.where(mask, rank, torch.full_like(rank, total))  # the unselected all land on a spare slot
+    out = torch.zeros(total + 1, dtype=torch.int64, device=mask.device)
+    out.scatter_(0, slot, torch.arange(mask.numel(), dtype=torch.int64, device=mask.device))
+    return out[:total]
