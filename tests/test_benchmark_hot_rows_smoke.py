@@ -44,7 +44,10 @@ def test_hot_rows_benchmark_quick(tmp_path: Path) -> None:
         assert r["loss_matches_off"] and r["loss_max_rel_diff_vs_off"] <= 1e-5, (name, r["loss_max_rel_diff_vs_off"])
         assert r["switches"] >= 1 and r["k"], name
         assert r["bytes_per_step"]["input_dist"] < off["bytes_per_step"]["input_dist"], name
-        assert r["bytes_per_step"]["output_dist"] == off["bytes_per_step"]["output_dist"], name
+        for tag in ("output_dist", "output_dist_bwd"):  # bags with no cold id skip the pooled exchange
+            assert r["bytes_per_step"][tag] <= off["bytes_per_step"][tag], (name, tag)
+            if name == "K=64":  # every table replicated: one-hot bags whose id is hot skip it
+                assert r["bytes_per_step"][tag] < off["bytes_per_step"][tag], (name, tag)
         assert r["bytes_per_step"]["dp_grad_allreduce"] > 0, name
     assert set(rows["K=64"]["k"].values()) == {64} and len(rows["K=64"]["k"]) == len(report["model"]["tables"])
     assert 0 < rows["K=64"]["hot_share_one_hot"] <= 1 and 0 < rows["K=64"]["all_hot_bags_one_hot"] <= 1
