@@ -242,13 +242,12 @@ def simulate_command(args: argparse.Namespace) -> int:
     thr = args.bulk_threshold_mb * 1e6
     if args.out:
         _check_out_dir(args.out)
-    if args.compute and not args.trace:
-        raise ValueError("--compute applies to --trace only (a model's compute comes from its roofline)")
-    if not args.trace:
-        given = [flag for flag, v in (("--calibration", args.calibration),
+    if not args.trace:  # these describe a recorded run; a model's compute comes from its roofline
+        given = [flag for flag, v in (("--compute", args.compute), ("--calibration", args.calibration),
                                       ("--warmup-steps", args.warmup_steps is not None)) if v]
         if given:
-            raise ValueError(f"{', '.join(given)} apply to --trace only (the transport of a recorded run)")
+            raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --trace only "
+                             "(they describe a recorded run)")
     plan = _plan_from_args(args)
     compat = _compat_from_args(args)
     opera_options = dict(parse_opera_options(args.opera_option))

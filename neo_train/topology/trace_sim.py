@@ -51,6 +51,11 @@ __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "vali
            "calibrated_collectives", "entry_sizes"]
 
 
+WARMUP_STEPS = 5
+"""Steps left out of predicted vs measured by default (``--warmup-steps``: None on the command
+line when not given, so a flag meant for --trace alone can be refused without it)."""
+
+
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     """The ``neo-train simulate`` flags of trace mode."""
     p.add_argument("--trace", type=Path, help="simulate a recorded param comms trace (dir or JSON) instead")
@@ -64,7 +69,8 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                         "neo-train calibrate --nproc W --out FILE) and print predicted vs measured step and "
                         "collective times")
     p.add_argument("--warmup-steps", type=nonnegative_int, default=None,
-                   help="with --trace and recorded compute: steps left out of predicted vs measured (default 5)")
+                   help=f"with --trace and recorded compute: steps left out of predicted vs measured "
+                        f"(default {WARMUP_STEPS})")
 
 
 def trace_cluster_shape(world: int, default_gpus: int, *, nodes: int | None = None, gpus_per_node: int | None = None,
@@ -215,7 +221,7 @@ class TraceValidation:
         return "\n".join(lines)
 
 
-def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = 5) -> TraceValidation:
+def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = WARMUP_STEPS) -> TraceValidation:
     """Compare the recorded timeline with the simulated one.
 
     Measured: each rank's timeline rebuilt from its blocks (compute, then the block's recorded
@@ -395,7 +401,8 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         tl = timeline_phases(traces, factory)
         res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
-        val = validate_timeline(tl, res, 5 if getattr(args, "warmup_steps", None) is None else args.warmup_steps)
+        warmup = getattr(args, "warmup_steps", None)
+        val = validate_timeline(tl, res, WARMUP_STEPS if warmup is None else warmup)
         if val.steady():
             print(val.table())
         else:
