@@ -30,7 +30,11 @@ import torch
 from ..config import DataConfig, ModelConfig
 from .batch import Batch, SparseFeatures
 
-__all__ = ["SyntheticData", "power_law_ids", "bag_lengths"]
+__all__ = ["SyntheticData", "power_law_ids", "bag_lengths", "EMPTY_BAG_SHARE"]
+
+EMPTY_BAG_SHARE = 0.05
+"""With pooling factor L >= 1, the share of empty bags; the rest have 1 + Poisson(L / (1 - it) - 1)
+ids, so the mean is L (``bag_lengths``; the hot-row chooser's ``all_hot_fraction`` uses the law)."""
 
 _STREAMS = {"train": 0, "eval": 1}
 _PRIMES = (2654435761, 2246822519, 3266489917, 668265263, 374761393)
@@ -75,8 +79,8 @@ def bag_lengths(rng: np.random.Generator, batch_size: int, pooling_factor: float
     """(B,) bag lengths with mean ``pooling_factor``, including empty bags (module docstring)."""
     if pooling_factor < 1.0:
         return (rng.random(batch_size) < pooling_factor).astype(np.int64)
-    extra = rng.poisson(max(pooling_factor / 0.95 - 1.0, 0.0), batch_size)
-    return np.where(rng.random(batch_size) < 0.05, 0, 1 + extra).astype(np.int64)
+    extra = rng.poisson(max(pooling_factor / (1.0 - EMPTY_BAG_SHARE) - 1.0, 0.0), batch_size)
+    return np.where(rng.random(batch_size) < EMPTY_BAG_SHARE, 0, 1 + extra).astype(np.int64)
 
 
 class _Teacher:

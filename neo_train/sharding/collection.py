@@ -250,10 +250,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
     # ---- hot-row replication (issue 13; notes/hot_rows.md) ------------------------------------
     # Table t's k hot rows are replicated as the data-parallel table t#hot: each rank pools its
     # hot ids locally and adds the result to the cold part's pooled rows, which travel through
-    # t's plan as before (table-wise: only the bags with a cold id, table_wise.py); the replicas' gradients are all-reduced and every replica applies the
-    # same fused update (data_parallel.py). The owner's copy of a hot row is stale while the row
-    # is hot: rows and optimizer state are written back when the hot set changes (and before an
-    # export), and the new hot rows are gathered from their owners.
+    # t's plan as before (table-wise: only the bags with a cold id, table_wise.py); the replicas'
+    # gradients are all-reduced and every replica applies the same fused update (data_parallel.py).
+    # The owner's copy of a hot row is stale while the row is hot: rows and optimizer state are
+    # written back when the hot set changes (and before an export), and the new hot rows are
+    # gathered from their owners.
     @property
     def hot_rows(self) -> dict[str, torch.Tensor]:
         """{table: its hot ids (k,), in replica-slot order} of the set splitting new batches."""

@@ -66,6 +66,7 @@ import torch
 
 from ..config import TableConfig
 from ..data.batch import SparseFeatures
+from ..data.synthetic import EMPTY_BAG_SHARE
 from ..planning.plan import ShardingType
 
 __all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage",
@@ -602,11 +603,11 @@ def all_hot_fraction(coverage: float, pooling_factor: float) -> float:
     probability 1 - L, one id otherwise -> 1 - L + L c. (Ids drawn independently, so a bag's ids are
     hot independently: c^n for n ids.) One-hot features (L = 1): 0.05 + 0.95 c; L = 20: ~c^20."""
     c = min(max(float(coverage), 0.0), 1.0)
-    L = float(pooling_factor)
+    L, e = float(pooling_factor), EMPTY_BAG_SHARE
     if L < 1.0:
         return 1.0 - L + L * c
-    lam = max(L / 0.95 - 1.0, 0.0)
-    return 0.05 + 0.95 * c * math.exp(-lam * (1.0 - c))
+    lam = max(L / (1.0 - e) - 1.0, 0.0)
+    return e + (1.0 - e) * c * math.exp(-lam * (1.0 - c))
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class TableWiseSharding(EmbeddingSharding):
 
     def _unit_not_hot(self) -> torch.Tensor:
         """(U_me,) bool: this rank's units whose feature has no replication (every bag is sent)."""
-        if getattr(self, "_not_hot", None) is None:
+        if self._not_hot is None:
             self._not_hot = torch.tensor([self.features[u.feature].name not in self.hot_features
                                           for u in self.units_by_rank[self.ctx.rank]], dtype=torch.bool,
                                          device=self.ctx.device)  # fmt: skip
