@@ -86,6 +86,31 @@ def test_next_batch_ids_are_in_flight_during_the_backward(pipeline):
         assert all(in_flight) if pipeline else not any(in_flight), in_flight
 
 
+def _split_sizes_sent_before_the_forward(entries) -> list[bool]:
+    """For each training step after the first (a forward exchange ``output_dist`` with its
+    backward one ``output_dist_bwd``): was an id exchange (the next batch's split sizes) issued
+    after the previous step's backward exchange and before this forward's, and another (its
+    ids) between this forward's exchange and its backward one?"""
+    kinds = [e[0] for e in entries] + ["output_dist"]
+    fwd = [k for k, n in enumerate(kinds) if n == "output_dist"]
+    steps = []  # (forward exchange, backward exchange) of each training step; evaluations have none
+    for a, nxt in zip(fwd, fwd[1:]):
+        if "output_dist_bwd" in kinds[a:nxt]:
+            steps.append((a, kinds.index("output_dist_bwd", a, nxt)))
+    return [("input_dist" in kinds[prev_bwd:a]) and ("input_dist" in kinds[a:bwd])
+            for (_, prev_bwd), (a, bwd) in zip(steps, steps[1:])]
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_next_batch_split_sizes_travel_during_the_forward(pipeline):
+    """TorchRec's order: batch i+1's split-size exchange is started before batch i's forward and
+    read after it (so no rank waits there for a slower peer's forward); its ids follow."""
+    for entries in run_ranks(_trace_body, 2, pipeline):
+        ok = _split_sizes_sent_before_the_forward(entries)
+        assert len(ok) == 6
+        assert all(ok) if pipeline else not any(ok), ok
+
+
 def _same_order_body(comm):
     comm = TracingCommunicator(comm)
     cfg = _cfg(True)

@@ -4,6 +4,10 @@
     ...                                        # independent work overlaps it
     x = pending.wait()                         # blocks (once); later calls return the same value
 
+A two-stage exchange (split sizes first, then the payload sized by them) gives ``Pending`` an
+``advance`` step: ``pending.advance()`` waits for the first stage and starts the second, so the
+caller picks the moment (after work that hid the first stage) instead of ``wait()`` doing both.
+
 A sharded embedding collection returns a ``LazyTensor`` from ``forward``: the caller (a DLRM that
 knows nothing of distribution) goes on with its bottom MLP while the pooled all-to-all is in
 flight, and the first torch operation that touches the result waits for it. This is TorchRec's
@@ -22,20 +26,30 @@ T = TypeVar("T")
 
 
 class Pending(Generic[T]):
-    """A value still being computed or communicated: ``wait()`` returns it (computed once)."""
+    """A value still being computed or communicated: ``wait()`` returns it (computed once).
 
-    __slots__ = ("_wait", "_value", "_done")
+    ``advance`` (optional) is the next stage, run at most once: by ``advance()`` when the caller
+    chooses, else by ``wait()`` first."""
 
-    def __init__(self, wait: Callable[[], T]) -> None:
-        self._wait, self._value, self._done = wait, None, False
+    __slots__ = ("_wait", "_value", "_done", "_advance")
+
+    def __init__(self, wait: Callable[[], T], advance: Callable[[], None] | None = None) -> None:
+        self._wait, self._value, self._done, self._advance = wait, None, False, advance
 
     @staticmethod
     def ready(value: T) -> "Pending[T]":
         p: Pending[T] = Pending(lambda: value)
         return p
 
+    def advance(self) -> None:
+        """Run the next stage now (e.g. wait for split sizes and start the payload)."""
+        step, self._advance = self._advance, None
+        if step is not None:
+            step()
+
     def wait(self) -> T:
         if not self._done:
+            self.advance()
             self._value, self._done = self._wait(), True
             self._wait = None  # type: ignore[assignment]  # drop what the closure held
         return self._value  # type: ignore[return-value]

@@ -193,9 +193,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def input_dist(self, sparse: SparseFeatures) -> "Pending[DistributedSparse]":
         """Validate and start sending every group's ids to their owners (no autograd: ids have
-        no grad). Issues the split-size exchange and starts the payload all-to-all on the input
-        dist's process group; ``wait()`` gives the routed ids. The train pipeline starts batch
-        i+1's input dist right after batch i's forward, from the same thread."""
+        no grad). Starts the split-size exchange on the input dist's process group;
+        ``advance()`` starts the payload all-to-all, ``wait()`` gives the routed ids. The train
+        pipeline starts batch i+1's input dist before batch i's forward and advances it after,
+        from the same thread."""
         if self.validate_in_forward:
             sparse = self.validate(sparse)
         b = sparse.batch_size
@@ -215,7 +216,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 version,
             )
 
-        return Pending(finish)
+        return Pending(finish, advance=pending.advance)
 
     def forward(self, sparse: "SparseFeatures | DistributedSparse") -> LazyTensor:
         """pooled (b, sum D_f) in model feature order, from a local batch or a distributed one.

@@ -172,38 +172,46 @@ def _int64_as_weights(x: torch.Tensor) -> torch.Tensor:
 def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str = "input_dist") -> Pending:
     """Input dist of every sharding group in two collectives: split sizes, then one payload.
 
-    1. one all-to-all of the id counts (W x G ints): the step's one host sync of the input dist
-       (all_to_all needs its receive sizes on the host);
-    2. one all-to-all, started now, carrying for each peer every group's lengths, ids and
-       weights (bit-cast into int64) back to back.
+    1. one all-to-all of the id counts (W x G ints), started now;
+    2. ``advance()`` (or ``wait()``) reads the counts (the input dist's one host sync:
+       all_to_all needs its receive sizes on the host) and starts one all-to-all carrying, for
+       each peer, every group's lengths, ids and weights (bit-cast into int64) back to back.
 
+    The train pipeline starts batch i+1's exchange before batch i's forward and advances it
+    after, so the counts travel under the forward (TorchRec's pipeline does the same).
     ``wait()`` returns one ``Routed`` per group, in [unit][source rank][bag] order: unit u's bags
     for the whole global batch are contiguous, source rank 0's first.
     """
     W, G = comm.world_size, len(groups)
     n_send = [int(g.per_dest[j][1].numel()) for j in range(W) for g in groups]  # (W, G) row-major
     counts = torch.tensor(n_send, dtype=torch.int64, device=getattr(comm, "device", "cpu"))
-    n_recv = comm.all_to_all_v(counts, [G] * W, [G] * W, tag=tag).view(W, G).tolist()
-    pieces: list[torch.Tensor] = []
-    ins: list[int] = []
-    for j in range(W):
-        size = 0
-        for g in groups:
-            lens, vals, wts = g.per_dest[j]
-            pieces += [lens.to(torch.int64), vals.to(torch.int64)]
-            size += lens.numel() + vals.numel()
-            if g.weighted:
-                pieces.append(_weights_as_int64(wts))  # type: ignore[arg-type]
-                size += vals.numel()
-        ins.append(size)
-    per_source = [[(g.units_on_me * b, n_recv[i][k], n_recv[i][k] if g.weighted else 0) for k, g in enumerate(groups)]
-                  for i in range(W)]
-    outs = [sum(sum(p) for p in row) for row in per_source]
-    payload = torch.cat(pieces) if pieces else counts.new_zeros(0)
-    handle = comm.all_to_all_v(payload, ins, outs, async_op=True, tag=tag)
+    counting = comm.all_to_all_v(counts, [G] * W, [G] * W, async_op=True, tag=tag)
+    started: dict = {}
+
+    def launch() -> None:
+        n_recv = counting.wait().view(W, G).tolist()
+        pieces: list[torch.Tensor] = []
+        ins: list[int] = []
+        for j in range(W):
+            size = 0
+            for g in groups:
+                lens, vals, wts = g.per_dest[j]
+                pieces += [lens.to(torch.int64), vals.to(torch.int64)]
+                size += lens.numel() + vals.numel()
+                if g.weighted:
+                    pieces.append(_weights_as_int64(wts))  # type: ignore[arg-type]
+                    size += vals.numel()
+            ins.append(size)
+        per_source = [[(g.units_on_me * b, n_recv[i][k], n_recv[i][k] if g.weighted else 0) for k, g in enumerate(groups)]
+                      for i in range(W)]
+        outs = [sum(sum(p) for p in row) for row in per_source]
+        payload = torch.cat(pieces) if pieces else counts.new_zeros(0)
+        started.update(n_recv=n_recv, per_source=per_source, outs=outs,
+                       handle=comm.all_to_all_v(payload, ins, outs, async_op=True, tag=tag))
 
     def finish() -> list[Routed]:
-        parts = handle.wait().split(outs)
+        n_recv, per_source, outs = started["n_recv"], started["per_source"], started["outs"]
+        parts = started["handle"].wait().split(outs)
         got: list[list[list[torch.Tensor]]] = [[[], [], []] for _ in groups]  # per group: lengths, ids, weights
         for i in range(W):
             chunks = parts[i].split([n for p in per_source[i] for n in p])
@@ -221,7 +229,7 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
             routed.append(r)
         return routed
 
-    return Pending(finish)
+    return Pending(finish, advance=launch)
 
 
 def _unit_major(values, lengths, weights, W: int, U: int, b: int, total: int) -> Routed:

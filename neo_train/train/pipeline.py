@@ -8,17 +8,20 @@
 Step i, all on the calling thread (the model of TorchRec's TrainPipelineSparseDist):
 
     wait for batch i's routed ids (its input dist was started during step i-1)     pipeline_wait
+    start batch i+1's input dist: its split sizes' all-to-all, left in flight       input_dist
     forward of batch i: lookups, pooled all-to-all in flight under the bottom MLP,
-        interaction, top MLP, loss                                                  forward
-    start batch i+1's input dist: split sizes (the input dist's one host sync), then
-        the id all-to-all, left in flight                                           input_dist
+        interaction, top MLP, loss              (batch i+1's split sizes travel)    forward
+    advance batch i+1's input dist: read its split sizes (the input dist's one
+        host sync; they arrived during the forward), start the id all-to-all        input_dist
     backward of batch i: pooled-gradient exchange, DDP all-reduce, fused sparse
         update; dense optimizer step            (batch i+1's ids travel meanwhile)  backward, optimizer
 
-Every rank issues: [i's output dist] [i+1's split sizes, i+1's ids] [i's backward exchanges and
-DDP buckets] — the same collectives in the same order, whatever the timing, so NCCL cannot
+Every rank issues: [i+1's split sizes] [i's output dist] [i+1's ids] [i's backward exchanges
+and DDP buckets] — the same collectives in the same order, whatever the timing, so NCCL cannot
 deadlock on communicators issued in different orders (the input dist keeps a process group of
-its own, so it never queues behind the backward's collectives on one communicator).
+its own, so it never queues behind the backward's collectives on one communicator). Reading
+the split sizes right after they were sent would make every rank wait there for the slowest
+peer's forward; after a forward of its own the wait is usually nothing.
 
 Data loading (``next(data)``, the host-side input checks, pinning, the host-to-device copy) runs
 on a loader thread one batch further ahead; it issues no collective. On CUDA the loader copies
@@ -32,8 +35,9 @@ dist runs two batches ahead, so the rows batch i+1 needs are known, and fetched,
 i's backward (TorchRec's prefetch pipeline):
 
     wait for batch i's prefetch (rows in its cache; usually done already)          cache_wait
+    start batch i+2's input dist (split sizes)                                      input_dist
     forward of batch i                                                              forward
-    start batch i+2's input dist; wait for batch i+1's routed ids                  input_dist, pipeline_wait
+    advance batch i+2's input dist (ids); wait for batch i+1's routed ids           input_dist, pipeline_wait
     hand batch i+1's prefetch to the cache thread (no collectives: it moves rows
         between the backing store and the cache, evicting unpinned rows)            -
     backward of batch i (its rows stay pinned in the cache until batch i+1's lookup)
@@ -158,7 +162,8 @@ class TrainPipeline:
         return got
 
     def _start(self) -> tuple[_Loaded, Pending | None] | None:
-        """Take the next loaded batch and start its input dist (sharded models)."""
+        """Take the next loaded batch and start its input dist (sharded models): the split
+        sizes' all-to-all; ``_advance`` starts the ids'."""
         got = self._next_loaded()
         if got is None or not self.sharded:
             return None if got is None else (got, None)
@@ -169,6 +174,14 @@ class TrainPipeline:
                 record_stream(got.batch.sparse, stream)
             pending = self.ebc.input_dist(got.batch.sparse)
         return got, pending
+
+    def _advance(self, started: tuple[_Loaded, Pending | None] | None) -> None:
+        """Read a started input dist's split sizes and start its id all-to-all."""
+        if started is None or started[1] is None:
+            return
+        stream = self._dist_stream
+        with self.timer("input_dist"), (torch.cuda.stream(stream) if stream is not None else nullcontext()):
+            started[1].advance()
 
     def _routed(self, got: _Loaded, pending: Pending | None):
         """Wait for a batch's routed ids (on the side stream on CUDA)."""
@@ -201,15 +214,18 @@ class TrainPipeline:
         if self._ready is _UNSET:
             self._ready = self._prefetched(self._start())
             self._ahead = self._start() if self._ready is not None else None
+            self._advance(self._ahead)
         if self._ready is None:
             raise EndOfData(step)
         got, pending, sparse_in, fetching = self._ready
         with self.timer("cache_wait"):
             fetching.result()  # re-raises the prefetch's errors (a cache too small, ...)
         self._compute_waits(got, pending, sparse_in)
-        loss = self.trainer.forward_loss(got.batch, sparse_in)
         nxt = self._ahead
-        self._ahead = self._start() if nxt is not None else None  # batch i+2's input dist
+        after = self._start() if nxt is not None else None  # batch i+2's split sizes
+        loss = self.trainer.forward_loss(got.batch, sparse_in)
+        self._advance(after)  # batch i+2's ids
+        self._ahead = after
         self._ready = self._prefetched(nxt)  # batch i+1's ids, its rows fetched meanwhile
         self.trainer.backward_step(loss)
         return loss.detach()
@@ -225,8 +241,10 @@ class TrainPipeline:
         got, pending = self._ahead
         sparse_in = self._routed(got, pending)
         self._compute_waits(got, pending, sparse_in)
+        nxt = self._start()  # batch i+1's split sizes travel during batch i's forward
         loss = self.trainer.forward_loss(got.batch, sparse_in)
-        self._ahead = self._start()  # batch i+1's input dist: issued after batch i's forward
+        self._advance(nxt)  # batch i+1's ids: issued after batch i's forward
+        self._ahead = nxt
         self.trainer.backward_step(loss)
         return loss.detach()
 
