@@ -19,6 +19,28 @@ def test_dot_interaction_is_the_strict_upper_triangle():
         DotInteraction(D, [D, D + 1])
 
 
+@pytest.mark.parametrize("B,D,F", [(1, 1, 1), (5, 3, 2), (7, 16, 8), (33, 4, 26)])
+def test_dot_interaction_backward_is_the_gradient(B, D, F):
+    """The written-out backward against autograd through the pairwise products (float64, fresh
+    random inputs and output gradient), and torch.autograd.gradcheck on a small case."""
+    g = torch.Generator().manual_seed(B * 100 + F)
+    dense = torch.randn(B, D, generator=g, dtype=torch.float64, requires_grad=True)
+    pooled = torch.randn(B, F * D, generator=g, dtype=torch.float64, requires_grad=True)
+    m = DotInteraction(D, [D] * F)
+    out = m(dense, pooled)
+    vecs = [dense] + list(pooled.split(D, dim=1))
+    expect = torch.cat([dense] + [(vecs[i] * vecs[j]).sum(1, keepdim=True)
+                                  for i in range(F + 1) for j in range(i + 1, F + 1)], dim=1)
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, (dense, pooled), grad)
+    want = torch.autograd.grad(expect, (dense, pooled), grad)
+    torch.testing.assert_close(out, expect)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    if B * F <= 10:
+        assert torch.autograd.gradcheck(lambda d, p: m(d, p), (dense, pooled))
+
+
 @pytest.mark.parametrize("low_rank", [0, 2])
 def test_dcn_follows_the_cross_formula(low_rank):
     torch.manual_seed(0)

@@ -16,6 +16,26 @@ from torch import nn
 __all__ = ["DotInteraction", "CatInteraction", "DCNInteraction", "make_interaction"]
 
 
+class _PairwiseProducts(torch.autograd.Function):
+    """The strict upper triangle of x x^T per sample, x (B, n, D) -> (B, n(n-1)/2), with its
+    backward written out: the gradient of the products is copied into an (n, n) matrix per sample
+    (not advanced indexing's accumulating scatter) and dx = (G + G^T) x, one bmm. About twice as
+    fast as autograd's backward of the indexed form on CPU at the ``small`` preset's sizes."""
+
+    @staticmethod
+    def forward(ctx, x, flat):  # type: ignore[override]
+        B, n, _ = x.shape
+        ctx.save_for_backward(x, flat)
+        return torch.bmm(x, x.transpose(1, 2)).view(B, n * n).index_select(1, flat)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, flat = ctx.saved_tensors
+        B, n, _ = x.shape
+        gz = grad.new_zeros(B, n * n).index_copy_(1, flat, grad).view(B, n, n)
+        return torch.bmm(gz + gz.transpose(1, 2), x), None
+
+
 class DotInteraction(nn.Module):
     def __init__(self, dense_dim: int, feature_dims: Sequence[int]) -> None:
         super().__init__()
@@ -24,16 +44,15 @@ class DotInteraction(nn.Module):
             raise ValueError(f"dot interaction needs every embedding dim == {dense_dim}, got {sorted(set(bad))}")
         n = len(feature_dims) + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("_rows", rows, persistent=False)
-        self.register_buffer("_cols", cols, persistent=False)
+        self.register_buffer("_flat", rows * n + cols, persistent=False)  # strict upper triangle of (n, n)
         self.num_vectors = n
         self.out_features = dense_dim + n * (n - 1) // 2
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        B, D = dense.shape  # dense (B, D); pooled (B, F*D)
-        x = torch.cat([dense, pooled], dim=1).view(B, self.num_vectors, D)
-        z = torch.bmm(x, x.transpose(1, 2))  # (B, F+1, F+1)
-        return torch.cat([dense, z[:, self._rows, self._cols]], dim=1)
+        """dense (B, D), pooled (B, F*D) -> (B, D + (F+1)F/2)."""
+        B, D = dense.shape
+        x = torch.cat([dense, pooled], dim=1).view(B, self.num_vectors, D)  # waits for a pooled still in flight
+        return torch.cat([dense, _PairwiseProducts.apply(x, self._flat)], dim=1)
 
 
 class CatInteraction(nn.Module):
