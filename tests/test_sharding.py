@@ -195,3 +195,32 @@ def test_backward_codec_carries_the_unscaled_gradient(sharding):
     gradient: a narrow codec (fp16) at large W would otherwise carry subnormals."""
     for seen in run_ranks(_codec_sees_body, 4, sharding):
         assert seen and all(torch.all(t == 0.75) for t in seen), [t.unique() for t in seen]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_column_permutation_matches_index_select(seed):
+    """The run-copy permutation (forward and backward) against index_select on fresh random
+    layouts: whole blocks of awkward widths shuffled, the identity, a selection that drops
+    columns (hot-row replication), and one of many single-column runs."""
+    from neo_train.sharding.common import ColumnPermutation
+
+    g = torch.Generator().manual_seed(seed)
+    widths = torch.randint(1, 9, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    n = sum(widths)
+    order = torch.randperm(len(widths), generator=g).tolist()
+    blocks = [c for i in order for c in range(starts[i], starts[i] + widths[i])]
+    keep = [c for i in order[: max(1, len(order) // 2)] for c in range(starts[i], starts[i] + widths[i])]
+    many = torch.randperm(n + 80, generator=g).tolist()
+    for cols, width in ((blocks, n), (list(range(n)), n), (keep, n), (many, n + 80)):
+        perm = ColumnPermutation(cols, width)
+        x = torch.randn(5, width, generator=g, requires_grad=True)
+        y = x.detach().clone().requires_grad_(True)
+        out, want = perm(x), y.index_select(1, torch.tensor(cols))
+        assert torch.equal(out, want)
+        grad = torch.randn(want.shape, generator=g)
+        out.backward(grad)
+        want.backward(grad)
+        assert torch.equal(x.grad, y.grad)
+    assert ColumnPermutation(blocks, n).by_runs and not ColumnPermutation(keep, n).by_runs
+    assert ColumnPermutation(list(range(n)), n).identity and not ColumnPermutation(many, n + 80).by_runs

@@ -33,7 +33,7 @@ from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
 from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
-from .common import EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
+from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
 from .data_parallel import DataParallelSharding
 from .hot_rows import hot_row_refusal
 from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
@@ -139,7 +139,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             offsets[f] = off
             off += dims[f]
         perm = [c for f in self.feature_names for c in range(offsets[f], offsets[f] + dims[f])]
-        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int64), persistent=False)
+        self._perm = ColumnPermutation(perm, off)
         # a hot feature's pooled columns are added to its feature's columns of the output
         out_col = dict(zip(self.feature_names, itertools.accumulate((dims[f] for f in self.feature_names), initial=0)))
         hot_feats = [f for t in hot_tables for f in t.feature_names]
@@ -235,7 +235,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
         def finish() -> torch.Tensor:
             pooled = torch.cat([p.wait() for p in pend], dim=1)
-            out = pooled.index_select(1, self._perm)  # (b, sum D_f)
+            out = self._perm(pooled)  # (b, sum D_f)
             if self._hot_k:  # cold part (through its plan) + hot part (the local replica)
                 out = out.index_add(1, self._hot_dst, pooled.index_select(1, self._hot_src))
             return out

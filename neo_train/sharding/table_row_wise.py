@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import reduce_scatter_v
-from .common import flat_exchange
+from .common import ColumnPermutation, flat_exchange
 from .row_wise import RowWiseSharding
 
 __all__ = ["TableRowWiseSharding"]
@@ -36,7 +36,7 @@ class TableRowWiseSharding(RowWiseSharding):
         for fi in range(len(self.features)):
             s = starts[pos[fi]]
             perm.extend(range(s, s + self.dims[fi]))
-        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int64), persistent=False)
+        self._perm = ColumnPermutation(perm)
         self.intra, self.cross = ctx.node_comms()
 
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
@@ -54,4 +54,4 @@ class TableRowWiseSharding(RowWiseSharding):
         out = flat_exchange(
             self.cross, summed, b, self.node_widths, self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist_cross"
         )  # (b, sum over nodes D_node)
-        return out.index_select(1, self._perm)
+        return self._perm(out)

@@ -29,7 +29,7 @@ import torch
 
 from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
-from .common import EmbeddingSharding, GroupFeature, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange
+from .common import EmbeddingSharding, GroupFeature, ColumnPermutation, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange
 
 __all__ = ["TableWiseSharding"]
 
@@ -71,7 +71,7 @@ class TableWiseSharding(EmbeddingSharding):
         for key in sorted(unit_at):
             o, w = unit_at[key]
             perm.extend(range(o, o + w))
-        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int64), persistent=False)
+        self._perm = ColumnPermutation(perm)
         self.hot_features: frozenset[str] = frozenset()  # features split by hot-row replication
         self._sparse_index: dict[int, tuple[torch.Tensor, ...]] = {}  # b -> the sparse exchange's static indices
         self._not_hot: torch.Tensor | None = None
@@ -186,7 +186,7 @@ class TableWiseSharding(EmbeddingSharding):
             with self.ctx.phase("output_dist"):
                 got = pending.wait().view(-1, g)
                 out = got.new_zeros(b * C_tot, g).index_copy(0, at, got)
-                return out.view(b, C_tot * g).index_select(1, self._perm)
+                return self._perm(out.view(b, C_tot * g))
 
         return Pending(finish)
 
@@ -223,7 +223,7 @@ class TableWiseSharding(EmbeddingSharding):
 
         def finish() -> torch.Tensor:
             with self.ctx.phase("output_dist"):
-                return pending.wait().index_select(1, self._perm)
+                return self._perm(pending.wait())
 
         return Pending(finish)
 
@@ -236,7 +236,7 @@ class TableWiseSharding(EmbeddingSharding):
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
         pooled = self._pooled_or_empty(pooled, b)
         out = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
-        return out.index_select(1, self._perm)  # (b, sum D_f) in group order
+        return self._perm(out)  # (b, sum D_f) in group order
 
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
