@@ -31,7 +31,6 @@ __all__ = [
     "Routed",
     "Sends",
     "exchange_ids",
-    "permute_segments",
     "ColumnPermutation",
     "build_kernel",
     "flat_exchange",
@@ -127,38 +126,16 @@ class Routed:
 class Sends:
     """One sharding group's input dist: what goes to each destination rank.
 
-    per_dest[j] = (lengths (U_j*b,), ids, weights or None): the bags of the U_j units rank j
-    looks up, unit-major, for this rank's b samples. ``units_on_me`` = U_rank (what comes back).
+    per_dest[j] = (lengths, ids, weights or None), each a list of pieces sent back to back (one
+    per unit, so the exchange copies them into its payload once): the bags of the U_j units rank
+    j looks up, unit-major, for this rank's b samples (U_j*b lengths in all). ``units_on_me`` =
+    U_rank (what comes back).
     """
 
-    per_dest: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    per_dest: list[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]]
     units_on_me: int
     weighted: bool
     out_mask: torch.Tensor | None = None  # travels with the routed ids (``Routed.out_mask``), never on the wire
-
-
-def permute_segments(values: torch.Tensor, seg_lengths: torch.Tensor, total: int | None = None) -> torch.Tensor:
-    """Reorder segments laid out [a][c] (seg_lengths (A, C)) into [c][a] order.
-
-    values holds A*C consecutive segments, segment (a, c) of seg_lengths[a, c] entries;
-    ``total`` = values.numel() when the caller knows it (saves a device-to-host sync).
-    """
-    A, C = seg_lengths.shape
-    flat = seg_lengths.reshape(-1).to(torch.int64)
-    starts = torch.zeros_like(flat)
-    if flat.numel() > 1:
-        starts[1:] = torch.cumsum(flat, 0)[:-1]
-    t_lens = seg_lengths.t().reshape(-1).to(torch.int64)  # target order (c, a)
-    t_starts_src = starts.view(A, C).t().reshape(-1)
-    t_starts_dst = torch.zeros_like(t_lens)
-    if t_lens.numel() > 1:
-        t_starts_dst[1:] = torch.cumsum(t_lens, 0)[:-1]
-    if total is None:
-        total = int(t_lens.sum())
-    idx = torch.arange(total, device=values.device) + torch.repeat_interleave(
-        t_starts_src - t_starts_dst, t_lens, output_size=total
-    )
-    return values[idx]
 
 
 def _column_runs(perm: Sequence[int]) -> list[tuple[int, int]]:
@@ -240,7 +217,7 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
     for the whole global batch are contiguous, source rank 0's first.
     """
     W, G = comm.world_size, len(groups)
-    n_send = [int(g.per_dest[j][1].numel()) for j in range(W) for g in groups]  # (W, G) row-major
+    n_send = [sum(int(v.numel()) for v in g.per_dest[j][1]) for j in range(W) for g in groups]  # (W, G) row-major
     counts = torch.tensor(n_send, dtype=torch.int64, device=getattr(comm, "device", "cpu"))
     counting = comm.all_to_all_v(counts, [G] * W, [G] * W, async_op=True, tag=tag)
     started: dict = {}
@@ -248,40 +225,36 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
     def launch() -> None:
         n_recv = counting.wait().view(W, G).tolist()
         pieces: list[torch.Tensor] = []
-        ins: list[int] = []
         for j in range(W):
-            size = 0
             for g in groups:
                 lens, vals, wts = g.per_dest[j]
-                pieces += [lens.to(torch.int64), vals.to(torch.int64)]
-                size += lens.numel() + vals.numel()
+                pieces += [*lens, *vals]  # int32 / int64 pieces: the cat promotes to int64
                 if g.weighted:
-                    pieces.append(_weights_as_int64(wts))  # type: ignore[arg-type]
-                    size += vals.numel()
-            ins.append(size)
+                    pieces += [_weights_as_int64(w) for w in wts]  # type: ignore[union-attr]
+        ins = [sum(sum(int(x.numel()) for x in part) for g in groups for part in g.per_dest[j] if part is not None)
+               for j in range(W)]
+        # what comes from source i: per group (U*b lengths, ids, weights or nothing), back to back
         per_source = [[(g.units_on_me * b, n_recv[i][k], n_recv[i][k] if g.weighted else 0) for k, g in enumerate(groups)]
                       for i in range(W)]
         outs = [sum(sum(p) for p in row) for row in per_source]
-        payload = torch.cat(pieces) if pieces else counts.new_zeros(0)
+        payload = torch.cat(pieces).to(torch.int64) if pieces else counts.new_zeros(0)
         started.update(n_recv=n_recv, per_source=per_source, outs=outs,
                        handle=comm.all_to_all_v(payload, ins, outs, async_op=True, tag=tag))
 
     def finish() -> list[Routed]:
         n_recv, per_source, outs = started["n_recv"], started["per_source"], started["outs"]
-        parts = started["handle"].wait().split(outs)
-        got: list[list[list[torch.Tensor]]] = [[[], [], []] for _ in groups]  # per group: lengths, ids, weights
+        recv = started["handle"].wait()
+        at = []  # at[i][k] = where source i's (lengths, ids, weights) of group k start in recv
+        base = 0
         for i in range(W):
-            chunks = parts[i].split([n for p in per_source[i] for n in p])
-            for k in range(G):
-                for c in range(3):
-                    got[k][c].append(chunks[3 * k + c])
+            row = []
+            for p in per_source[i]:
+                row.append((base, base + p[0], base + p[0] + p[1]))
+                base += sum(p)
+            at.append(row)
         routed = []
         for k, g in enumerate(groups):
-            lengths = torch.cat(got[k][0]).to(torch.int32)
-            values = torch.cat(got[k][1])
-            weights = _int64_as_weights(torch.cat(got[k][2])) if g.weighted else None
-            total = sum(n_recv[i][k] for i in range(W))
-            r = _unit_major(values, lengths, weights, W, g.units_on_me, b, total)
+            r = _unit_major(recv, [a[k] for a in at], [n_recv[i][k] for i in range(W)], g.weighted, W, g.units_on_me, b)
             r.out_mask = g.out_mask
             routed.append(r)
         return routed
@@ -289,16 +262,31 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
     return Pending(finish, advance=launch)
 
 
-def _unit_major(values, lengths, weights, W: int, U: int, b: int, total: int) -> Routed:
-    """[source][unit][bag] (as received) -> [unit][source][bag]."""
-    if W == 1 or U == 0:
-        return Routed(values, lengths, weights)
-    l3 = lengths.view(W, U, b)
-    seg = l3.sum(dim=2)  # (W, U): ids per (source, unit)
-    values = permute_segments(values, seg, total)
-    if weights is not None:
-        weights = permute_segments(weights, seg, total)
-    return Routed(values, l3.permute(1, 0, 2).reshape(-1), weights)
+def _unit_major(recv: torch.Tensor, at: Sequence[tuple[int, int, int]], n_ids: Sequence[int], weighted: bool,
+                W: int, U: int, b: int) -> Routed:
+    """One group's ids out of the received buffer, [source][unit][bag] (as received, source i's
+    lengths / ids / weights at ``at[i]``) -> [unit][source][bag], by one gather per field."""
+    lengths = torch.cat([recv.narrow(0, a[0], U * b) for a in at]).to(torch.int32)
+    total = sum(n_ids)
+    if W == 1 or U == 0 or total == 0:
+        def take(c: int) -> torch.Tensor:
+            return torch.cat([recv.narrow(0, a[c], n) for a, n in zip(at, n_ids)])
+    else:
+        l3 = lengths.view(W, U, b)
+        seg = l3.sum(dim=2, dtype=torch.int64)  # (W, U): ids per (source, unit)
+        within = seg.cumsum(1) - seg  # where (source, unit)'s ids start among the source's
+        t_lens = seg.t().reshape(-1)  # target order (unit, source)
+        t_dst = t_lens.cumsum(0) - t_lens
+        steps = torch.repeat_interleave(within.t().reshape(-1) - t_dst, t_lens, output_size=total)
+        src = torch.arange(total, device=recv.device) + steps
+        first = torch.tensor([[a[1], a[2]] for a in at], dtype=torch.int64, device=recv.device)  # (W, 2)
+
+        def take(c: int) -> torch.Tensor:
+            shift = torch.repeat_interleave(first[:, c - 1].repeat(U), t_lens, output_size=total)
+            return recv.index_select(0, src + shift)
+        lengths = l3.permute(1, 0, 2).reshape(-1)
+    values = take(1)
+    return Routed(values, lengths, _int64_as_weights(take(2)) if weighted else None)
 
 
 def build_kernel(

@@ -90,16 +90,11 @@ class RowWiseSharding(EmbeddingSharding):
 
     def input_sends(self, parts: dict, b: int) -> Sends:
         buckets, weighted = self.bucketize(parts, b)
-        any_part = next(iter(parts.values()))
         per_dest = []
         index = {(fi, s.row_start): j for fi, sh in enumerate(self.shards) for j, s in enumerate(sh)}
         for us in self.units_by_rank:
             items = [buckets[u.feature][index[(u.feature, u.shard.row_start)]] for u in us]
-            per_dest.append((
-                torch.cat([x[0] for x in items]) if items else any_part[1].new_zeros(0),
-                torch.cat([x[1] for x in items]) if items else any_part[0].new_zeros(0),
-                (torch.cat([x[2] for x in items]) if items else torch.zeros(0, device=any_part[0].device)) if weighted else None,
-            ))
+            per_dest.append(([x[0] for x in items], [x[1] for x in items], [x[2] for x in items] if weighted else None))
         return Sends(per_dest, len(self._mine), weighted)
 
     # ---- lookup -------------------------------------------------------------------------------

@@ -200,11 +200,7 @@ class TableWiseSharding(EmbeddingSharding):
         per_dest = []
         for us in self.units_by_rank:
             got = [parts[self.features[u.feature].name] for u in us]
-            per_dest.append((
-                torch.cat([g[1] for g in got]) if got else any_part[1].new_zeros(0),
-                torch.cat([g[0] for g in got]) if got else any_part[0].new_zeros(0),
-                (torch.cat([g[2] for g in got]) if got else any_part[2].new_zeros(0)) if weighted else None,
-            ))
+            per_dest.append(([g[1] for g in got], [g[0] for g in got], [g[2] for g in got] if weighted else None))
         mask = self.local_out_mask(parts, b) if self.sparse_output else None
         return Sends(per_dest, len(self.units_by_rank[self.ctx.rank]), weighted, mask)
 
