@@ -46,10 +46,13 @@ FAIL), from the numbers in the table, next to the reason.
        output_dist      pooled rows (forward; codec bytes: the encoded wire tensor; a table-wise
                         table with replication: only its bags with a cold id)
        output_dist_bwd  their gradients (backward)
-       dp_grad_allreduce  the replicas' (k, D) gradients + k touched-row marks, every step
+       dp_grad_counts   the replicas' gradient sync, every step: each rank's touched-row count per table
+       dp_grad_sparse   then either each rank's touched rows (D float32 + an int32 id each, all-gathered)
+       dp_grad_allreduce  or the (k, D) gradients + k touched-row marks (all-reduced), whichever moves
+                        fewer bytes that step (``sharding/data_parallel.py``)
        hot_rows_*       switching hot sets: the pick all-reduce, the hash check, the replica gather
    "a2a" = input_dist + output_dist + output_dist_bwd (the goal's all-to-all bytes); "emb" = a2a
-   + dp_grad_allreduce + hot_rows_* (everything the embeddings send but the dense all-reduce,
+   + dp_grad_* + hot_rows_* (everything the embeddings send but the dense all-reduce,
    which is the same for every variant). Step time: per step the slowest rank's wall time;
    ms/step is the median over the measured steps, samples/s = W * b / that median (and the mean
    over the steps, in the JSON). Losses: the global-batch mean loss of every step (warm-up
@@ -88,34 +91,36 @@ FAIL), from the numbers in the table, next to the reason.
    an all-to-all of summed rows) stay dense: a row shard's owner does not know a bag's whole cold
    length. --pooling 1 makes every table one-hot (a Criteo-like DLRM).
 
-   Measured (2026-11-23, AMD EPYC, 2 CPUs shared with another job, load 2-6, fbgemm, table_wise,
-   defaults: 100,000 x 64 tables, b = 512, window 10, 40 measured steps, --codecs '' --no-sim):
+   Measured (2026-11-23, AMD EPYC, 2 CPUs shared with other jobs, load 3-7, fbgemm, table_wise,
+   defaults: 100,000 x 64 tables, b = 512, window 10, 40 measured steps, --codecs '' --no-sim;
+   the replicas' sync sparse at W = 2, dense at W = 4; notes/hot_rows_bench/out.txt):
 
        model             W  Zipf  auto k 1h|mh  a2a/off auto  K=1024  ms/step off -> auto
-       4 one-hot +       2  0.8     16|4          0.920      0.819   55.9 -> 81.5
-       4 multi-hot       2  1.05    32|16         0.773      0.632   41.8 -> 59.1
-       (L = 20)          2  1.2     64|16         0.643      0.524   32.1 -> 53.0
-                         4  0.8     16|4          0.920      0.820   82.9 -> 123.7
-                         4  1.05    32|16         0.774      0.633   58.9 -> 105.2
-                         4  1.2     64|16         0.644      0.524   74.5 -> 123.1
-       8 one-hot         2  0.8     16            0.877      0.734   27.5 -> 44.4
-       (--pooling 1)     2  1.05    32            0.621      0.411   26.4 -> 40.3
-                         2  1.2     64            0.378      0.235   25.7 -> 37.6
-                         4  0.8     16            0.877      0.735   66.4 -> 98.4
-                         4  1.05    32            0.622      0.411   72.1 -> 110.6
-                         4  1.2     64            0.378      0.235   69.4 -> 111.0
+       4 one-hot +       2  0.8    256|4          0.876      0.819   37.1 -> 56.3
+       4 multi-hot       2  1.05   512|16         0.690      0.632   31.3 -> 51.8
+       (L = 20)          2  1.2   1024|16         0.581      0.524   19.5 -> 32.1
+                         4  0.8     16|4          0.920      0.820   73.1 -> 108.5
+                         4  1.05    32|16         0.774      0.633   52.9 -> 83.8
+                         4  1.2     64|16         0.644      0.524   42.2 -> 76.0
+       8 one-hot         2  0.8    256            0.777      0.734   16.2 -> 27.8
+       (--pooling 1)     2  1.05   512            0.431      0.411   20.5 -> 29.5
+                         2  1.2   1024            0.235      0.235   20.4 -> 41.2
+                         4  0.8     16            0.877      0.735   46.3 -> 63.5
+                         4  1.05    32            0.622      0.411   43.3 -> 71.6
+                         4  1.2     64            0.378      0.235   41.1 -> 64.4
 
-   (before the skip, auto's a2a was 0.96x off at Zipf 1.05 on the mixed model.) The goal is not
-   met: at Zipf 1.05 auto sends 1.29x (mixed) / 1.61x (all one-hot) fewer all-to-all bytes, and
-   every replication variant is 1.4-1.8x slower per step here. Bytes: auto picks the k with the
-   largest net saving, and the replicas' dense (k, D) gradient all-reduce every step (8 (D + 1)
-   (W - 1) / W bytes a row, about what one skipped bag saves) stops k where a row is hit less
-   than about once per rank and step: k = 32 at b = 512, coverage 0.37. K=1024 reaches 2.4x fewer
-   all-to-all bytes on the one-hot model (0.41x) but sends 1.5x the embedding bytes in all
-   (emb/off, the all-reduce included). Time: on one host the all-to-all is a memory copy, so the
-   replication's extra work (the id split, the replica lookups and fused update, the all-reduce's
-   synchronisation, the profiler) costs more than the bytes it saves (the step breakdown shows
-   lookup, dense_fwd, emb_comm_bwd and bwd_other all grow, output_dist does not).
+   (with the dense sync only, auto picked k = 16-64 | 4-16 at every W: 0.773 / 0.621 at Zipf
+   1.05; before the skip, 0.96 on the mixed model.) The bytes goal is met on the all one-hot
+   model at W = 2 (2.32x fewer all-to-all bytes), not elsewhere, and the time goal nowhere:
+   replication is 1.5-1.7x slower per step here (medians over interleaved runs). Bytes: auto picks
+   the k with the largest net saving; the replicas' sync costs the cheaper of the dense (k, D)
+   all-reduce (8 (D + 1) (W - 1) / W bytes a row, touched or not) and the all-gather of the rows a
+   rank touched ((W - 1) 4 (D + 1) bytes each): at W = 2 the latter lets k grow to rows hit about
+   once per step (k = 512, coverage 0.61), at W = 4 a touched row costs 3 peers' worth and k = 32
+   dense nets more. Multi-hot tables (L = 20) save their ids only: their bags are rarely all hot.
+   Time: on one host the all-to-all is a memory copy, so the replication's extra work (the id
+   split, the replica lookups, the sync's rendezvous and the fused update, the profiler) costs
+   more than the bytes it saves (lookup, dense_fwd and bwd_other grow, output_dist does not).
 
 2. Simulated (``benchmarks/opera_study.py``'s simulator and setup): the ISI study's Model-A
    (``opera_model_a``: 1000 tables of 10^7 x 80, bags of 100) at --sim-nodes 128 nodes x 8
@@ -129,7 +134,9 @@ FAIL), from the numbers in the table, next to the reason.
                 planner plan, W = 1024 ranks, Zipf a, b = 512) and its coverage c = zipf_coverage;
                 the ids' share of the input dist is scaled by 1 - c (lengths still cross), and
                 the replicas' gradient + marks, 4 k (D + 1) bytes per table, join the top MLP's
-                all-reduce (as the simulator prices data-parallel tables); the pooled
+                all-reduce (as the simulator prices data-parallel tables: at W = 1024 the sparse
+                all-gather of touched rows, (W - 1) x the rows a rank touches, never costs less,
+                so ``choose_hot_rows`` expects the dense sync there too); the pooled
                 exchange stays dense (bags of 100 ids: a bag has no cold id with ~c^100 ~ 0)
        <codec>  pooled bytes (forward and backward) per element: fp16/bf16 2, fp8 1 + 4/D (a
                 4-byte scale per row), int8 1 + 8/D (scale + min), D = 80; a row here is one
@@ -381,7 +388,7 @@ def _summarise(res: dict[str, Any], timing: list[list[dict[str, Any]]], cfg: Con
         mean = {t: sum(v) / len(v) for t, v in per_rank.items()}
         rank0 = {t: v[0] for t, v in per_rank.items()}
         a2a = sum(mean.get(t, 0.0) for t in A2A_TAGS)
-        extra = sum(v for t, v in mean.items() if t == "dp_grad_allreduce" or t.startswith("hot_rows"))
+        extra = sum(v for t, v in mean.items() if t.startswith(("dp_grad_", "hot_rows")))
         med = statistics.median(r["step_s"])
         st = r["hot_stats"]
 
@@ -546,7 +553,7 @@ def _pct(x: float | None) -> str:
 def print_measured(rows: list[dict[str, Any]], cfg: Config) -> None:
     KB = 1e3
     head = (f"{'W':>2} {'zipf':>4} {'variant':<9} {'k 1h|mh':>10} {'in_dist':>8} {'out':>8} {'out_bwd':>8} "
-            f"{'a2a KB':>8} {'a2a/off':>7} {'dp_ar':>7} {'hot_*':>6} {'emb/off':>7} {'hot% 1h':>7} {'mh':>5} "
+            f"{'a2a KB':>8} {'a2a/off':>7} {'dp_sync':>7} {'hot_*':>6} {'emb/off':>7} {'hot% 1h':>7} {'mh':>5} "
             f"{'allhot1h':>8} {'skip%':>5} {'pool/off':>8} {'ms/step':>8} {'/off':>5} {'samples/s':>9} {'final loss':>10} "
             f"{'loss vs off':>13}")  # fmt: skip
     print(head)
@@ -558,6 +565,7 @@ def print_measured(rows: list[dict[str, Any]], cfg: Config) -> None:
         last = (r["world_size"], r["zipf"])
         bt = r["bytes_per_step"]
         hot = sum(v for t, v in bt.items() if t.startswith("hot_rows"))
+        sync = sum(v for t, v in bt.items() if t.startswith("dp_grad_"))
         if r["variant"] == "off":
             lv = "baseline"
         elif r["control"]:
@@ -571,7 +579,7 @@ def print_measured(rows: list[dict[str, Any]], cfg: Config) -> None:
         print(f"{r['world_size']:>2} {r['zipf']:>4g} {r['variant']:<9} {_k_text(r, cfg):>10} "
               f"{bt.get('input_dist', 0) / KB:>8.1f} {bt.get('output_dist', 0) / KB:>8.1f} "
               f"{bt.get('output_dist_bwd', 0) / KB:>8.1f} {r['a2a_bytes'] / KB:>8.1f} {r['a2a_ratio']:>7.3f} "
-              f"{bt.get('dp_grad_allreduce', 0) / KB:>7.1f} {hot / KB:>6.1f} {r['emb_ratio']:>7.3f} "
+              f"{sync / KB:>7.1f} {hot / KB:>6.1f} {r['emb_ratio']:>7.3f} "
               f"{_pct(r['hot_share_one_hot']):>7} {_pct(r['hot_share_multi_hot']):>5} {_pct(r['all_hot_bags_one_hot']):>8} "
               f"{_pct(r['no_cold_bags']):>5} {pool} {r['step_ms']:>8.1f} {r['step_ratio']:>5.2f} {r['samples_per_s']:>9,.0f} "
               f"{r['final_loss']:>10.6f} {lv:>13}")  # fmt: skip
@@ -587,14 +595,15 @@ def print_breakdown(rows: list[dict[str, Any]]) -> None:
     zipf = GOAL["zipf"] if any(math.isclose(r["zipf"], GOAL["zipf"]) for r in rows) else rows[0]["zipf"]
     sel = [r for r in rows if math.isclose(r["zipf"], zipf)]
     head = (f"{'W':>2} {'variant':<9} {'ms/step':>8} " + " ".join(f"{name:>12}" for name, _ in BREAKDOWN)
-            + f" {'dp_grad_ar':>10} {'hot_rows_*':>10}")  # fmt: skip
+            + f" {'dp_grad_*':>10} {'hot_rows_*':>10}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in sel:
         ph, cm = r["phases_ms"], r["comm_ms"]
         cols = " ".join(f"{sum(ph.get(k, 0.0) for k in keys):>12.2f}" for _, keys in BREAKDOWN)
         hot = sum(v for k, v in cm.items() if k.startswith("hot_rows"))
-        print(f"{r['world_size']:>2} {r['variant']:<9} {r['step_ms']:>8.1f} {cols} {cm.get('dp_grad_allreduce', 0.0):>10.2f} "
+        sync = sum(v for k, v in cm.items() if k.startswith("dp_grad_"))
+        print(f"{r['world_size']:>2} {r['variant']:<9} {r['step_ms']:>8.1f} {cols} {sync:>10.2f} "
               f"{hot:>10.2f}")  # fmt: skip
 
 
@@ -697,7 +706,7 @@ def write_png(path: str, report: dict[str, Any]) -> None:
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(20, 5.8), gridspec_kw={"width_ratios": [3.2, 2, 2.6]})
     zipf = GOAL["zipf"] if any(math.isclose(r["zipf"], GOAL["zipf"]) for r in rows) else rows[0]["zipf"]
     sel = [r for r in rows if math.isclose(r["zipf"], zipf) and not r["control"]]  # the control: another plan
-    tags = ["input_dist", "output_dist", "output_dist_bwd", "dp_grad_allreduce", "hot_rows_*"]
+    tags = ["input_dist", "output_dist", "output_dist_bwd", "dp_grad_allreduce", "dp_grad_sparse", "hot_rows_*"]
     x = np.arange(len(sel))
     bottom = np.zeros(len(sel))
     for ti, tag in enumerate(tags):
@@ -878,17 +887,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     info["loadavg_1m_at_end"] = os.getloadavg()[0]
 
     print(f"\n## 1. measured ({measured_s:.0f} s): KB sent per step per rank (mean over ranks), by tag; a2a = "
-          f"input_dist + output_dist + output_dist_bwd; dp_ar = the replicas' gradient all-reduce, hot_* = hot-set "
-          f"switches; emb/off = (a2a + dp_ar + hot_*) / off's; k 1h|mh = rows replicated per one-hot | multi-hot "
-          f"table; hot% = ids served by the replicas; allhot1h = one-hot bags all hot; skip% = bags of the "
-          f"replicated tables with no cold id (all hot or empty: on a table-wise plan they skip the pooled exchange); "
+          f"input_dist + output_dist + output_dist_bwd; dp_sync = the replicas' gradient sync (dp_grad_*: counts + "
+          f"sparse all-gather or dense all-reduce), hot_* = hot-set switches; emb/off = (a2a + dp_sync + hot_*) / "
+          f"off's; k 1h|mh = rows replicated per one-hot | multi-hot table; hot% = ids served by the replicas; "
+          f"allhot1h = one-hot bags all hot; skip% = bags of the replicated tables with no cold id (all hot or empty: on a table-wise plan they skip the pooled exchange); "
           f"pool/off = output_dist + output_dist_bwd vs off's; ms/step = median of the slowest rank's step; loss vs "
           f"off = max relative difference over every step (replication: must be <= {LOSS_RTOL:g}), codecs: relative "
           f"difference of the mean loss over the measured steps")  # fmt: skip
     print_measured(measured, base)
     print(f"\n## where the step goes at Zipf {GOAL['zipf']:g}: ms per measured step, mean over ranks "
           f"(Trainer.step_breakdown; input_dist = starting the next batch's + waiting for this one's; emb_comm_bwd "
-          f"includes the replicas' all-reduce, dp_grad_ar; hot_rows_* = the switches' collectives; ms/step is the "
+          f"includes the replicas' dense all-reduce, bwd_other their counts and sparse all-gather; dp_grad_* = the "
+          f"three collectives' wall time; hot_rows_* = the switches' collectives; ms/step is the "
           f"median of the slowest rank, the phases are means)")  # fmt: skip
     print_breakdown(measured)
     goals = goal_verdicts(measured)

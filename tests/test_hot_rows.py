@@ -7,7 +7,9 @@ and a hot row's gradient is all-reduced instead of summed by its owner), for SGD
 AdaGrad and Adam, table-wise / row-wise / table-row-wise, across a change of the hot sets (rows
 and state written back to their owners, the new rows gathered from theirs). On table-wise plans
 the bags with no cold id skip the pooled exchange both ways: the same results, exactly the
-skipped rows' bytes fewer (fp32 and the codecs); ``auto`` counts those bytes when choosing k.
+skipped rows' bytes fewer (fp32 and the codecs); ``auto`` counts those bytes when choosing k, and
+the replicas' gradient sync as the cheaper of the dense all-reduce and the sparse all-gather of
+the touched rows (tests/test_data_parallel_sparse.py tests the two exchanges themselves).
 """
 from __future__ import annotations
 
@@ -218,8 +220,9 @@ def test_plan_command_shows_the_hot_rows_it_would_replicate(capsys) -> None:
     assert "hot rows" not in capsys.readouterr().out  # the preset's dist.hot_rows is off
     assert plan_command(p.parse_args(base + ["--hot-rows", "32"])) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "hot rows" in ln or " k " in ln]
-    assert lines[0].startswith("hot rows    32: ") and "MB kept local (" in lines[0] and "MB of pooled rows of all-hot bags)" in lines[0], lines
-    assert all(" k       32 " in ln for ln in lines[1:]) and len(lines) > 1, lines
+    assert lines[0].startswith("hot rows    32: ") and "MB of ids and pooled rows kept local (" in lines[0], lines
+    assert "MB of pooled rows of all-hot bags)" in lines[0] and "MB of replica gradient sync (" in lines[0], lines
+    assert all(" k       32 " in ln and " sync " in ln and "rows touched)" in ln for ln in lines[1:]) and len(lines) > 1, lines
 
 
 # ---- the sparse output exchange: bags with no cold id skip it (table-wise) ---------------------
@@ -370,3 +373,35 @@ def test_auto_counts_the_output_bytes_that_one_hot_bags_save() -> None:
     c16 = choose_hot_rows(fp16, ShardingPlan.uniform(model, "table_wise", W), W, str(tw["t0"].k))["t0"]
     assert c16.saved_output_bytes == pytest.approx(tw["t0"].saved_output_bytes / 2)
     assert all_hot_fraction(0.6, 20.0) < 0.06 and all_hot_fraction(0.6, 1.0) == pytest.approx(0.05 + 0.95 * 0.6 * math.exp(-(1 / 0.95 - 1) * 0.4))
+
+
+def test_auto_counts_the_cheaper_replica_sync() -> None:
+    """The replicas' gradient sync costs the cheaper of the dense all-reduce and the sparse
+    all-gather of the rows a rank touches (sharding/data_parallel.py): the expected touched rows
+    match the generator's ids, and the sparse sync lets ``auto`` replicate more rows of one-hot
+    tables at W = 2 (b = 512, Zipf 1.05: k = 512, was 32) while W = 4 stays with the dense one."""
+    import numpy as np
+
+    from neo_train.config import Config, DataConfig, DistConfig, TrainConfig
+    from neo_train.data.synthetic import power_law_ids
+    from neo_train.sharding.hot_rows import choose_hot_rows, expected_touched_rows, replica_sync_bytes
+
+    rng = np.random.default_rng(zlib.crc32(b"touched_rows"))
+    rows, alpha = 100_000, 1.05
+    ids = power_law_ids(rng, 400_000, rows, alpha, salt=3)
+    ranked = np.argsort(-np.bincount(ids, minlength=rows), kind="stable")
+    for k, n in ((512, 512), (64, 2048), (4096, 512)):
+        hot = ranked[:k]
+        got = np.mean([np.isin(hot, power_law_ids(rng, n, rows, alpha, salt=3)).sum() for _ in range(200)])
+        assert abs(expected_touched_rows(k, rows, alpha, n) - got) < 0.05 * got, (k, n, got)
+    assert expected_touched_rows(0, rows, alpha, 512) == 0.0 and expected_touched_rows(8, rows, alpha, 10**9) == pytest.approx(8)
+
+    tables = tuple(TableConfig(f"t{i}", rows, 64, pooling_factor=1.0) for i in range(4))
+    model = ModelConfig(tables, num_dense_features=13, bottom_mlp=(64,), top_mlp=(16,), interaction="dot")
+    cfg = Config(model, TrainConfig(batch_size=512), DataConfig(zipf_alpha=alpha), DistConfig(), name="one_hot")
+    for W, k, sync in ((2, 512, "sparse"), (4, 32, "dense")):
+        c = choose_hot_rows(cfg, ShardingPlan.uniform(model, "table_wise", W), W, "auto")["t0"]
+        assert (c.k, c.sync) == (k, sync), (W, c)
+        dense, sparse = replica_sync_bytes(c.k, 64, c.touched_rows, W)
+        assert c.added_bytes == min(dense, sparse) and c.touched_rows == expected_touched_rows(c.k, rows, alpha, 512)
+        assert sparse == pytest.approx((W - 1) * c.touched_rows * 4 * 65) and dense == pytest.approx(2 * (W - 1) / W * 4 * c.k * 65)

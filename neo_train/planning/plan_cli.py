@@ -155,16 +155,19 @@ def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 
         return ""
     got = sorted(choose_hot_rows(cfg, plan, world_size, setting).values(), key=lambda c: -c.net_bytes)
     if not got:
-        return f"hot rows    {setting}: no table gains (none eligible, or no k saves more than its all-reduce costs)"
+        return f"hot rows    {setting}: no table gains (none eligible, or no k saves more than its gradient sync costs)"
     saved, added = sum(c.saved_bytes for c in got), sum(c.added_bytes for c in got)
     ids, rows = sum(c.saved_input_bytes for c in got), sum(c.saved_output_bytes for c in got)
     mem = sum(c.memory_bytes for c in got)
-    lines = [f"hot rows    {setting}: {len(got)} table(s); per step and device {saved / 1e6:.3g} MB kept local "
-             f"({ids / 1e6:.3g} MB of ids, {rows / 1e6:.3g} MB of pooled rows of all-hot bags), {added / 1e6:.3g} MB "
-             f"of replica all-reduce (net {(saved - added) / 1e6:+.3g} MB); replicas {mem / 1e6:.3g} MB per device"]
+    n_sparse = sum(c.sync == "sparse" for c in got)
+    lines = [f"hot rows    {setting}: {len(got)} table(s); per step and device {saved / 1e6:.3g} MB of ids and pooled "
+             f"rows kept local ({ids / 1e6:.3g} MB of ids, {rows / 1e6:.3g} MB of pooled rows of all-hot bags), "
+             f"{added / 1e6:.3g} MB of replica gradient sync ({n_sparse} table(s) cheaper by the sparse all-gather of "
+             f"touched rows, {len(got) - n_sparse} by the dense all-reduce; net {(saved - added) / 1e6:+.3g} MB); "
+             f"replicas {mem / 1e6:.3g} MB per device"]  # fmt: skip
     for c in got[:max_tables]:
         lines.append(f"  {c.table:<24} k {c.k:>8,}  coverage {c.coverage:6.1%}  saved {c.saved_bytes / 1e3:10,.1f} KB"
-                     f"  added {c.added_bytes / 1e3:10,.1f} KB")  # fmt: skip
+                     f"  sync {c.added_bytes / 1e3:10,.1f} KB ({c.sync}, {c.touched_rows:,.0f} rows touched)")  # fmt: skip
     if len(got) > max_tables:
         lines.append(f"  ... {len(got) - max_tables} more")
     return "\n".join(lines)

@@ -56,6 +56,7 @@ and ties in ``top_k`` go to the smaller id.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 import zlib
@@ -70,7 +71,8 @@ from ..data.synthetic import EMPTY_BAG_SHARE
 from ..planning.plan import ShardingType
 
 __all__ = ["IdFrequencyProfiler", "CountMinSketch", "MERSENNE_31", "HotRowChoice", "choose_hot_rows", "zipf_coverage",
-           "hot_row_refusal", "HOT_SHARDINGS", "all_hot_fraction", "SPARSE_OUTPUT_SHARDINGS"]
+           "hot_row_refusal", "HOT_SHARDINGS", "all_hot_fraction", "SPARSE_OUTPUT_SHARDINGS",
+           "expected_touched_rows", "replica_sync_bytes"]
 
 MERSENNE_31 = (1 << 31) - 1
 """The prime of the hash family: ids are split into 31-bit halves, so every product fits int64."""
@@ -610,6 +612,45 @@ def all_hot_fraction(coverage: float, pooling_factor: float) -> float:
     return e + (1.0 - e) * c * math.exp(-lam * (1.0 - c))
 
 
+@functools.lru_cache(maxsize=64)
+def _touched_cumulative(rows: int, alpha: float, ids: float, kmax: int) -> np.ndarray:
+    """(kmax,) E[distinct rows among the r most popular touched by ``ids`` draws], r = 1..kmax."""
+    r = np.arange(kmax + 1, dtype=np.float64)
+    if alpha == 0:
+        cov = r / rows
+    elif abs(alpha - 1.0) < 1e-9:
+        cov = np.log(r + 1.0) / math.log(rows)
+    else:
+        e = 1.0 - alpha
+        cov = ((r + 1.0) ** e - 1.0) / (rows**e - 1.0)
+    p = np.clip(np.diff(np.minimum(cov, 1.0)), 0.0, 1.0)  # p[r-1]: the r-th most popular row's share
+    return np.cumsum(-np.expm1(ids * np.log1p(-np.minimum(p, 1.0 - 1e-16))))
+
+
+def expected_touched_rows(k: int, rows: int, alpha: float, ids: float) -> float:
+    """Expected distinct rows among the k most popular of ``rows`` that ``ids`` independent draws
+    of the synthetic generator's power law touch (a rank's hot rows in one step, ids = b L F):
+    sum over r <= k of 1 - (1 - p_r)^ids, p_r = zipf_coverage(r) - zipf_coverage(r - 1)."""
+    k = min(int(k), rows)
+    if k <= 0 or ids <= 0:
+        return 0.0
+    return float(_touched_cumulative(int(rows), float(alpha), float(ids), k)[k - 1])
+
+
+def replica_sync_bytes(k: int, dim: int, touched: float, world_size: int) -> tuple[float, float]:
+    """Wire bytes per rank and step of a (k, dim) replica's gradient sync, both ways
+    (``sharding/data_parallel.py``): (dense, sparse).
+
+        dense   ring all-reduce of the (k, D) gradients + k touched marks: 2 (W - 1) / W * 4 k (D + 1)
+        sparse  all-gather of each rank's touched rows, a row as D float32 values + a 4-byte id:
+                (W - 1) * touched * 4 (D + 1)   (touched: the rows one rank touches in a step)
+    The group takes the cheaper each step, for all its tables at once and with the largest rank's
+    count (the (W, T) touched-row counts it decides by, all-gathered before a sparse step or
+    carried in a dense step's all-reduce, are left out here)."""
+    remote = world_size - 1
+    return 2 * remote / world_size * 4 * k * (dim + 1), remote * touched * 4 * (dim + 1)
+
+
 @dataclass(frozen=True)
 class HotRowChoice:
     """k hot rows of one table and what they are expected to save, in bytes per step per rank."""
@@ -618,11 +659,13 @@ class HotRowChoice:
     k: int
     coverage: float  # fraction of the table's lookups the k rows take
     saved_bytes: float  # all-to-all bytes no longer sent: input dist + output exchange (both ways)
-    added_bytes: float  # the replicas' gradient all-reduce
+    added_bytes: float  # the replicas' gradient sync: the cheaper of the dense and sparse exchange
     memory_bytes: float  # replica rows + optimizer state on every rank
     saved_input_bytes: float = 0.0  # of saved_bytes: ids that stay local
     saved_output_bytes: float = 0.0  # of saved_bytes: pooled rows (and gradients) of bags with no cold id
     skip_fraction: float = 0.0  # the bags that skip the output exchange (table-wise only, else 0)
+    touched_rows: float = 0.0  # expected hot rows one rank touches in a step
+    sync: str = "dense"  # the gradient exchange expected to be cheaper: "dense" or "sparse"
 
     @property
     def net_bytes(self) -> float:
@@ -648,8 +691,12 @@ def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) ->
                     (E[c^n]: ~ c for one-hot features, ~ c^L for multi-hot ones; it counts the
                     empty bags too, which also skip), v = bytes per value of the pooled exchange's
                     codecs (dist.forward_comm_dtype / backward_comm_dtype; row scales left out)
-        added     = 2 * (W - 1) / W * 4 * k * (D + 1)                        ring all-reduce of the
+        added     = min(dense, sparse): the replicas' gradient sync (replica_sync_bytes)
+                    dense  = 2 * (W - 1) / W * 4 * k * (D + 1)               ring all-reduce of the
                                                                              (k, D) gradients + marks
+                    sparse = (W - 1) * u(k) * 4 * (D + 1)                    all-gather of the touched
+                    rows (D values + an int32 id each), u(k) = expected_touched_rows(k, R, a, b L F):
+                    the distinct hot rows one rank's b L F ids touch
         memory    = k * (D * 4 + state) on every rank
 
     Row-wise and table-row-wise tables' pooled exchanges stay dense (saved_out = 0);
@@ -681,8 +728,10 @@ def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int) ->
             s = all_hot_fraction(c, t.pooling_factor) if sparse_out else 0.0
             saved_in = c * ids * per_id * remote
             saved_out = s * b * F * t.dim * (v_fwd + v_bwd) * remote
-            return HotRowChoice(t.name, k, c, saved_in + saved_out, 2 * remote * 4 * k * (t.dim + 1),
-                                k * (t.dim * 4 + row_state), saved_in, saved_out, s)  # fmt: skip
+            u = expected_touched_rows(k, t.num_rows, alpha, ids)
+            dense, sparse = replica_sync_bytes(k, t.dim, u, W)
+            return HotRowChoice(t.name, k, c, saved_in + saved_out, min(dense, sparse), k * (t.dim * 4 + row_state),
+                                saved_in, saved_out, s, u, "sparse" if sparse <= dense else "dense")  # fmt: skip
 
         if fixed is not None:
             if 1 <= fixed < t.num_rows:

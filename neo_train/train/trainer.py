@@ -288,7 +288,7 @@ class Trainer:
         pipelined = "pipeline_wait" in t
         # plain loop: the input dist runs inside the forward; pipelined: outside it
         emb_fwd = t.get("lookup", 0.0) + t.get("output_dist", 0.0) + (0.0 if pipelined else t.get("input_dist", 0.0))
-        comm_bwd = sum(v for k, v in t.items() if k.startswith("comm:") and (k.endswith("_bwd") or k == "comm:dp_grad_allreduce"))
+        comm_bwd = sum(v for k, v in t.items() if k.startswith("comm:") and (k.endswith("_bwd") or k.startswith("comm:dp_grad_")))
         out = {
             "input_dist": t.get("input_dist", 0.0),
             "pipeline_wait": t.get("pipeline_wait", 0.0),
