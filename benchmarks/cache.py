@@ -31,6 +31,8 @@ update). Every configuration sees the same batch sequence for its zipf.
        bytes per row = D x 4 (float32 weight) + 4 (rowwise_adagrad's one float32 state)
    (both counted by the kernel: misses read, dirty victims written back).
    Issue 12's goal: at a 10 % cache on Zipf 1.05 a step costs <= 1.3x the resident step on CPU.
+   On a small shared machine pass --threads 1: with torch's default threads the CPU seconds
+   count its idle workers' spinning, and the cpu ratio swings run to run (notes/cache.md).
 3. SSD tier. An MmapStore of --ssd-rows rows (D as above) in --storage-dir (default: a temp dir
    under $TMPDIR), filled sequentially and flushed, then ``store.read`` / ``store.write`` of
    --ssd-batch random unique rows (sorted, as the cache passes them):

@@ -350,12 +350,15 @@ def test_mmap_store_files_survive_flush(tmp_path):
 
 
 # ---- row maps ---------------------------------------------------------------------------------
-def test_dense_and_sorted_row_maps_agree_with_a_dict():
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "torch"])
+def test_dense_and_sorted_row_maps_agree_with_a_dict(numpy):
     """Both row -> slot maps against a plain dict over random moves: victims free or holding a
-    row, k from 1 to every slot, lookups with repeated and non-resident ids."""
+    row, k from 1 to every slot, lookups with repeated and non-resident ids; in both spellings
+    of the bookkeeping (numpy, as on CPU; torch, as on a GPU)."""
     g = torch.Generator().manual_seed(0)
-    rows, C, cpu = 50, 7, torch.device("cpu")
-    maps = [cache._DenseRowMap(rows, C, cpu), cache._SortedRowMap(rows, C, cpu)]
+    rows, C = 50, 7
+    ops = cache._Ops(torch.device("cpu"), numpy)
+    maps = [cache._DenseRowMap(rows, C, ops), cache._SortedRowMap(rows, C, ops)]
     slot_row = torch.full((C,), -1)
     for _ in range(60):
         k = int(torch.randint(1, C + 1, (1,), generator=g))
@@ -364,14 +367,15 @@ def test_dense_and_sorted_row_maps_agree_with_a_dict():
         fetched = absent[torch.randperm(absent.numel(), generator=g)[:k]]
         old = slot_row[slots]
         slot_row[slots] = fetched
-        for m in maps:  # as _replace passes them: a free slot "evicts" the row it receives
-            m.moved(torch.where(old >= 0, old, fetched), fetched, slots, slot_row)
+        evicted = torch.where(old >= 0, old, fetched)  # as _replace passes it: a free slot "evicts" the row it receives
+        for m in maps:
+            m.moved(*(ops.ids(x.clone()) for x in (evicted, fetched, slots, slot_row)))
         where = {r: s for s, r in enumerate(slot_row.tolist()) if r >= 0}
         ids = torch.randint(0, rows, (30,), generator=g)
         want = [where.get(r, C) for r in ids.tolist()]
         for m in maps:
-            assert m.lookup(ids).tolist() == want, type(m).__name__
-        assert all(m.lookup(ids[:0]).numel() == 0 for m in maps)
+            assert m.lookup(ops.ids(ids)).tolist() == want, type(m).__name__
+        assert all(len(m.lookup(ops.ids(ids[:0]))) == 0 for m in maps)
 
 
 @pytest.mark.parametrize("policy,prefetch,store", [
@@ -412,12 +416,89 @@ def test_lfu_sort_path_picks_the_composite_keys_victims():
             for _ in range(2))
     for m in (a, b):
         _train(m, batches[:4])
-    b._slots[0].freq += 2**56  # every row, resident or not: the order of the counts is unchanged
+    c = b._slots[0]  # every row, resident (its count is the slot's) or not: the counts' order is unchanged
+    c.freq += 2**56
+    c.slot_freq[c.slot_row >= 0] += 2**56
     for m in (a, b):
         _train(m, batches[4:])
     span = (b._tick + 2) * b.cache_rows[0]  # the composite key's frequency unit
-    assert (int(b._slots[0].freq.max()) + 1) * span >= 2**62 > (int(a._slots[0].freq.max()) + 1) * span
+    assert (int(b._slots[0].slot_freq.max()) + 1) * span >= 2**62 > (int(a._slots[0].slot_freq.max()) + 1) * span
     assert a.stats()["evictions"] > 0
     assert torch.equal(a.resident_rows(0), b.resident_rows(0))
     assert {k: v for k, v in a.stats().items() if k != "fetch_s"} == {
         k: v for k, v in b.stats().items() if k != "fetch_s"}  # fmt: skip
+
+
+# ---- the bookkeeping's two spellings, the LRU count-then-select, the prefetched plan -----------
+@pytest.mark.parametrize("policy,prefetch,store,opt", [
+    ("lru", False, "host", SparseOptimizerSpec("adam", lr=0.05)),
+    ("lru", True, "mmap", SparseOptimizerSpec("rowwise_adagrad", lr=0.1)),
+    ("lfu", True, "host", SparseOptimizerSpec("adagrad", lr=0.1)),
+    ("lfu", False, "mmap", SparseOptimizerSpec("adam", lr=0.05)),
+])  # fmt: skip
+@pytest.mark.parametrize("factor", [0.0, 0.3])
+def test_torch_bookkeeping_and_lru_top_k_match_numpy(policy, prefetch, store, opt, factor, tmp_path, monkeypatch,
+                                                    request):
+    """On CPU the bookkeeping is numpy; a GPU runs its torch spelling (NUMPY_ON_CPU off runs it on
+    CPU), and LRU on CPU counts ticks where the torch spelling takes a top-k (LRU_WINDOW 1 sends
+    every CPU selection to its top-k fallback). All of them: exact against the resident kernel
+    (weights and optimizer state through evictions, the SSD tier included) and the same
+    victims (statistics, resident rows)."""
+    batches = _batches(_seed(request), True, n=12)
+    rows = _cache_rows(batches, factor)
+    ref = create_embedding_bag("reference", TABLES, opt, feature_table_map=FTM)
+    ref_outs = _train(ref, batches)
+    kernels = {}
+    for name, numpy, window in [("numpy", True, cache.LRU_WINDOW), ("torch", False, cache.LRU_WINDOW),
+                                ("top-k", True, 1)]:  # fmt: skip
+        monkeypatch.setattr(cache, "NUMPY_ON_CPU", numpy)
+        monkeypatch.setattr(cache, "LRU_WINDOW", window)
+        m = kernels[name] = _cached("reference", opt, rows, policy, store, tmp_path / name)
+        assert isinstance(m._slots[0].tick, np.ndarray) == numpy
+        _assert_same(ref, ref_outs, m, _train(m, batches, prefetch=prefetch))
+        assert m.stats()["evictions"] > 0
+    stats = [{k: v for k, v in m.stats().items() if k != "fetch_s"} for m in kernels.values()]
+    assert stats[0] == stats[1] == stats[2]
+    for t in range(len(TABLES)):
+        assert torch.equal(kernels["numpy"].resident_rows(t), kernels["torch"].resident_rows(t))
+        assert torch.equal(kernels["numpy"].resident_rows(t), kernels["top-k"].resident_rows(t))
+
+
+def test_prefetched_plan_serves_only_its_own_batch(monkeypatch):
+    """The lookup right after a full prefetch of its batch skips the row-map lookup; any other
+    lookup (another batch in between, or the prefetched tensors changed in place) plans anew.
+    Exact against the resident kernel throughout, with a cache that evicts every step."""
+    table = [TableSpec(40, 4, "sum", "p")]
+    opt = SparseOptimizerSpec("adam", lr=0.05)
+    ref = create_embedding_bag("reference", table, opt)
+    m = CachedEmbeddingBag(table, opt, cache_rows=[9])
+    plans = []
+    plan = m._plan
+    monkeypatch.setattr(m, "_plan", lambda *a: plans.append(1) or plan(*a))
+    a, b = _bag([0, 1, 2, 3]), _bag([10, 11, 12, 13, 2])
+    changed = (torch.tensor([20, 21, 22, 23]), a[1].clone())
+
+    def step(batch, prefetch=None):
+        for mod in (ref, m):
+            out = mod(*batch)
+            if prefetch is not None and mod is m:
+                m.prefetch(*prefetch)
+            (out * torch.arange(1.0, 5.0)).sum().backward()
+
+    step(a, prefetch=b)
+    plans.clear()
+    step(b)  # the prefetched batch: no plan
+    assert plans == []
+    step(a, prefetch=b)  # prefetch b, then look up a: a plans, and b's prefetched plan is dropped
+    step(a)
+    step(b)  # its prefetch's slots may be gone: plans anew
+    assert len(plans) == 4  # the prefetch, then a, a and b
+    values = a[0].clone()
+    step((values, a[1]), prefetch=(values, a[1]))
+    values.copy_(changed[0])  # the prefetched tensor changed before its lookup
+    plans.clear()
+    step((values, a[1]))
+    assert len(plans) == 1
+    assert m.stats()["evictions"] > 0
+    assert torch.equal(ref.get_table(0), m.get_table(0))
+    assert all(torch.equal(v, m.get_state(0)[k]) for k, v in ref.get_state(0).items())

@@ -39,21 +39,28 @@ lock, so an evaluation or a checkpoint that starts while a prefetch is in flight
 (the training pipeline waits for batch i's prefetch before batch i's forward anyway). On CUDA
 the prefetch's copies go to that thread's current stream.
 
-Victims are chosen among unpinned slots not holding a row of the batch, free slots first:
-``lru`` evicts the least recently used (a per-slot tick, advanced once per lookup/prefetch
-call); ``lfu`` the least frequently used (a per-row count of id occurrences at lookup, kept
-across evictions as Neo's LFU does), ties broken by tick then slot index. Dirty victims (updated
-since their fetch) are written back first. Everything is deterministic.
+Victims are chosen among unpinned slots not holding a row of the batch, free slots first (they
+are taken in slot order and never freed, so they are the last ``free`` slots): ``lru`` evicts
+the least recently used (a per-slot tick, advanced once per lookup/prefetch call), ties by slot;
+``lfu`` the least frequently used (a count of id occurrences at lookup, per slot for resident
+rows and per row for the others, carried along when a row moves, so kept across evictions as
+Neo's LFU does), ties broken by tick then slot index. Dirty victims (updated since their fetch)
+are written back first. Everything is deterministic, and the same on CPU and on a device.
 
-Cost of a call, per table (the step's overhead over the resident kernel): one gather of the
-batch's ids through the row map; a sort (``torch.unique``) of only the missing ids; touching the
-batch's slots by one scatter of the tick (entry C takes the missing ids', so no mask); one top-k
-for the victims; the dirty victims' write-back and the fetch as indexed row copies (on CPU
-through numpy, which copies a row at a time); a second gather only when rows were fetched. The
-host waits for the device (a sync on CUDA) for the missing ids' count and their unique rows, the
-dirty victims and the rows' copies to and from the store (LFU: also the largest count, for the
-victim key's overflow check; a prefetch: whether the victims fit; a batch with more ids than
-slots: its unique rows); statistics counted on the device are read only by ``stats()``.
+Cost of a call, per table (the step's overhead over the resident kernel). The bookkeeping is
+numpy on CPU, torch tensors on a device (``_Ops``). One gather of the batch's ids through the
+row map; a sort (unique) of only the missing ids; the batch's slots touched by one scatter of
+the tick (entry C takes the missing ids', so no mask); the victims (LRU on CPU: a count of the
+ticks in LRU_WINDOW bins, then two passes; otherwise one top-k over the slots holding rows); the
+dirty victims' write-back and the fetch as indexed row copies (on CPU one record copy a row,
+``_rows``); a gather of the fetched ids' slots; the dirty flags set by one pass over the
+batch's slot mask. A lookup right after a prefetch that fetched its whole batch reuses the
+prefetch's slots (no second gather). On a device the host waits (a sync) 8 times in a lookup
+that fetches, as before: the feature spans, the missing ids' count and their unique rows, the
+dirty victims, and the copies to and from the store (the rows, weights and each state); LFU
+also the largest count (the victim key's overflow check), a prefetch whether its victims fit, a
+batch with more ids than slots its unique rows; statistics counted on the device are read only
+by ``stats()``. On CPU nothing waits.
 
 Statistics (``stats()``, cumulative): ``lookups`` ids looked up; ``unique_rows`` sum over
 lookups and tables of the unique rows; ``hits`` unique rows resident when the first of
@@ -75,7 +82,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence, Union
 
 import numpy as np
 import torch
@@ -124,7 +131,7 @@ class BackingStore:
 
     def read(self, t: int, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Rows (k,) int64 of table t -> (weights (k, D), {name: (k, D) or (k,)})."""
-        return self.weights[t].index_select(0, rows), {n: s.index_select(0, rows) for n, s in self.states[t].items()}
+        return _take_rows(self.weights[t], rows), {n: _take_rows(s, rows) for n, s in self.states[t].items()}
 
     def write(self, t: int, rows: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Store rows (k,) int64 (unique) of table t: weight (k, D), state like ``read``'s."""
@@ -231,14 +238,39 @@ def _will_need(mm: np.memmap, rows: np.ndarray) -> None:
         raw.madvise(mmap.MADV_WILLNEED, a * page, min((b - a + 1) * page, size - a * page))
 
 
+def _same_batch(batch: tuple[torch.Tensor, torch.Tensor], values: torch.Tensor, offsets: torch.Tensor) -> bool:
+    """Whether (values, offsets) equal a prefetched batch's (a pass over the ids, no gather)."""
+    v, o = batch
+    return v.shape == values.shape and o.shape == offsets.shape and torch.equal(o, offsets) and torch.equal(v, values)
+
+
+def _take_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src[index] along dim 0 (index on src's device), as a new CPU tensor (see ``_rows``)."""
+    if src.device.type != "cpu":
+        return src.index_select(0, index).cpu()
+    a = _as_numpy(src)
+    out = _rows(src).take(index.numpy(), axis=0).view(a.dtype).reshape(-1, *a.shape[1:])
+    return torch.from_numpy(out).view(src.dtype)  # bf16 from its int16 bits
+
+
 def _copy_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
-    """dst[index] = src along dim 0 (index: unique, on dst's device). On CPU through numpy, whose
-    fancy assignment copies a row at a time where index_copy_ indexes every element: 1.5x faster
-    measured on scattered rows (2k rows x 256 B into 51 MB: 320 vs 500 us, the write-back's cost)."""
+    """dst[index] = src along dim 0 (index: unique, on dst's device; see ``_rows``)."""
     if dst.device.type != "cpu":
         dst.index_copy_(0, index, src)
         return
-    _as_numpy(dst)[index.numpy()] = _as_numpy(src)
+    _rows(dst)[index.numpy()] = _rows(src.contiguous())
+
+
+def _rows(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's rows as a 1-D numpy array of opaque records (one per row, when its rows are
+    contiguous), so indexing copies one record per row: a row copy costs one memmove and no
+    per-element iteration. Measured on 2k scattered rows of 256 B (caches cold, 51 MB store, 5 MB
+    slots): store -> slots 320 -> 240 us, slots -> store 340 -> 200 us against torch's
+    index_select plus numpy's 2-D fancy assignment (each already the faster of torch and numpy)."""
+    a = _as_numpy(t)
+    if a.ndim != 2 or a.shape[1] == 0 or a.strides != (a.shape[1] * a.itemsize, a.itemsize):
+        return a
+    return a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(a.shape[0])
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -250,60 +282,162 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
 # ---- the cache ----------------------------------------------------------------------------------
 DENSE_MAP_MAX_ROWS = 2**26
 """Tables of at most this many rows map rows to slots with a dense int32 array (4 bytes a row, at
-most 256 MiB on the kernel's device, one gather a lookup); larger ones with the sorted resident
-rows (16 bytes a slot, a binary search a lookup, a sort of the slots after each fetch)."""
+most 256 MiB, one gather a lookup); larger ones with the sorted resident rows (16 bytes a slot, a
+binary search a lookup, a sort of the slots after each fetch)."""
+
+Array = Union[np.ndarray, torch.Tensor]  # a bookkeeping array: numpy on CPU, torch elsewhere (_Ops)
+RowViews = tuple[torch.Tensor, dict[str, torch.Tensor]]  # an inner kernel's rows_views(t)
+NUMPY_ON_CPU = True
+"""On CPU keep the bookkeeping in numpy (``_Ops``); tests turn this off to run the torch spelling,
+the one a GPU runs, on CPU."""
+LRU_WINDOW = 64
+"""LRU victims on CPU: ticks (calls) below the pin tick counted one bin each; older ones share a
+bin (a top-k then); the victims of a steady cache were last used a few calls ago."""
+
+
+class _Ops:
+    """Where the cache's bookkeeping arrays live, and the few operations numpy and torch spell
+    differently. On CPU the arrays are numpy: a lookup makes ~30 index operations on arrays of 2k
+    to 20k entries, where torch's CPU dispatch costs more than the work (measured alone, caches
+    warm, 10k ids into 20k slots: ``ids[slots == C]`` 117 vs 13 us, ``(tick == T).sum()`` 36 vs
+    7 us, ``tick[slots] = T`` 29 vs 17 us; inside a training step, caches cold, the saving is
+    smaller: notes/cache.md). On another device they are torch tensors there. Everything else is
+    written in the syntax both share: indexing and index assignment, comparisons, ``len``,
+    ``.sum()`` / ``.max()`` / ``.clip()``, and ``xp.where``. unique, top-k and sort run through
+    torch on CPU too, on the numpy memory (torch.unique of 2.5k ids: 55 us, np.unique: 370 us)."""
+
+    def __init__(self, device: torch.device, numpy: bool) -> None:
+        self.device = device
+        self.numpy = numpy and device.type == "cpu"
+        self.xp = np if self.numpy else torch
+
+    def full(self, n: int, value: int | bool, dtype: str) -> Array:
+        if self.numpy:
+            return np.full(n, value, dtype=dtype)
+        return torch.full((n,), value, dtype=getattr(torch, dtype), device=self.device)
+
+    def arange(self, start: int, end: int) -> Array:
+        return np.arange(start, end) if self.numpy else torch.arange(start, end, device=self.device)
+
+    def ids(self, x: torch.Tensor) -> Array:
+        """A tensor of ids (on the kernel's device) as an int64 array."""
+        x = x.to(torch.int64)
+        return x.numpy() if self.numpy else x
+
+    def tensor(self, a: Array) -> torch.Tensor:
+        """An array as a tensor on the kernel's device (on CPU sharing its memory)."""
+        return torch.from_numpy(a) if self.numpy else a
+
+    def host(self, a: Array) -> torch.Tensor:
+        """An array as a CPU tensor, for the store."""
+        return torch.from_numpy(a) if self.numpy else a.cpu()
+
+    def int64(self, a: Array) -> Array:
+        return a.astype(np.int64) if self.numpy else a.to(torch.int64)
+
+    def int32(self, a: Array) -> Array:
+        return a.astype(np.int32) if self.numpy else a.to(torch.int32)
+
+    def cat(self, a: Array, b: Array) -> Array:
+        return np.concatenate((a, b)) if self.numpy else torch.cat((a, b))
+
+    def nonzero(self, mask: Array) -> Array:
+        """(k,) int64 indices of the true entries, ascending."""
+        return np.flatnonzero(mask) if self.numpy else mask.nonzero().squeeze(1)
+
+    def unique(self, a: Array) -> Array:
+        """The sorted unique values."""
+        return self._array(torch.unique(self.tensor(a)))
+
+    def smallest(self, key: Array, k: int) -> tuple[Array, Array]:
+        """The k smallest keys, ascending, and their indices (keys unique: deterministic)."""
+        values, indices = torch.topk(self.tensor(key), k, largest=False, sorted=True)
+        return self._array(values), self._array(indices)
+
+    def sort(self, a: Array) -> tuple[Array, Array]:
+        """Stable ascending sort: (values, indices)."""
+        values, indices = torch.sort(self.tensor(a), stable=True)
+        return self._array(values), self._array(indices)
+
+    def add_at(self, dst: Array, index: Array) -> None:
+        """dst[i] += 1 for every occurrence of i in ``index``."""
+        if self.numpy:
+            np.add.at(dst, index, 1)
+        else:
+            dst.index_add_(0, index, torch.ones_like(index))
+
+    def _array(self, x: torch.Tensor) -> Array:
+        return x.numpy() if self.numpy else x
 
 
 class _DenseRowMap:
     """Row -> slot as a (rows,) int32 array holding C (one past the last slot) for a row that is
     not resident."""
 
-    def __init__(self, rows: int, c: int, device: torch.device) -> None:
+    def __init__(self, rows: int, c: int, ops: _Ops) -> None:
         self.missing = c
-        self.slot_of = torch.full((rows,), c, dtype=torch.int32, device=device)
+        self.ops = ops
+        self.slot_of = ops.full(rows, c, "int32")
 
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+    def lookup(self, ids: Array) -> Array:
         """(n,) int64 rows -> (n,) int64 slots, C where not resident."""
-        return self.slot_of.index_select(0, ids).to(torch.int64)
+        return self.ops.int64(self.slot_of[ids])
 
-    def moved(self, evicted: torch.Tensor, fetched: torch.Tensor, slots: torch.Tensor, slot_row: torch.Tensor) -> None:
+    def refresh(self, ids: Array, slots: Array) -> Array:
+        """``slots`` (``lookup(ids)`` before rows were fetched) now: on CPU only the ids that were
+        missing are looked up again (a gather of the misses, not of the batch), on a device all
+        of them (boolean indexing would wait for the device)."""
+        if not self.ops.numpy:
+            return self.lookup(ids)
+        absent = slots == self.missing
+        slots[absent] = self.lookup(ids[absent])
+        return slots
+
+    def moved(self, evicted: Array, fetched: Array, slots: Array, slot_row: Array) -> None:
         """Rows ``evicted`` left the cache (unmapped first: it may also hold rows of ``fetched``);
         rows ``fetched`` (k,) now sit in ``slots`` (k,) (``slot_row`` is already updated)."""
-        self.slot_of.index_fill_(0, evicted, self.missing)
-        self.slot_of.index_copy_(0, fetched, slots.to(torch.int32))
+        self.slot_of[evicted] = self.missing
+        self.slot_of[fetched] = self.ops.int32(slots)
 
 
 class _SortedRowMap:
     """Row -> slot by binary search in the sorted ``slot_row`` (free slots, -1, sort first): O(C)
     memory whatever the table's rows, for shards past DENSE_MAP_MAX_ROWS."""
 
-    def __init__(self, rows: int, c: int, device: torch.device) -> None:
+    def __init__(self, rows: int, c: int, ops: _Ops) -> None:
         self.missing = c
-        self.keys = torch.full((c,), -1, dtype=torch.int64, device=device)  # sorted slot_row
-        self.slots = torch.arange(c, device=device)  # slot of each key
+        self.ops = ops
+        self.keys = ops.full(c, -1, "int64")  # sorted slot_row
+        self.slots = ops.arange(0, c)  # slot of each key
 
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.searchsorted(self.keys, ids).clamp_(max=self.keys.numel() - 1)
-        found = self.keys.index_select(0, pos) == ids
-        return torch.where(found, self.slots.index_select(0, pos), self.missing)
+    def lookup(self, ids: Array) -> Array:
+        pos = self.ops.xp.searchsorted(self.keys, ids).clip(max=len(self.keys) - 1)
+        found = self.keys[pos] == ids
+        return self.ops.xp.where(found, self.slots[pos], self.missing)
 
-    def moved(self, evicted: torch.Tensor, fetched: torch.Tensor, slots: torch.Tensor, slot_row: torch.Tensor) -> None:
-        self.keys, self.slots = torch.sort(slot_row)
+    def refresh(self, ids: Array, slots: Array) -> Array:
+        return self.lookup(ids)
+
+    def moved(self, evicted: Array, fetched: Array, slots: Array, slot_row: Array) -> None:
+        self.keys, self.slots = self.ops.sort(slot_row)
 
 
 @dataclass
 class _Slots:
-    """One table's cache bookkeeping, on the kernel's device. C = the table's cache rows."""
+    """One table's cache bookkeeping (arrays as _Ops places them). C = the table's cache rows."""
 
     map: _DenseRowMap | _SortedRowMap  # row -> slot, C for a row not resident
-    slot_row: torch.Tensor  # (C,) int64, -1 for a free slot
+    slot_row: Array  # (C,) int64, -1 for a free slot
     # (C+1,) int64: the call that last used the slot, -1 never; pinned while >= the pin tick. Entry
     # C takes the touches of ids not resident, so a batch's slots are touched without a mask.
-    tick: torch.Tensor
-    dirty: torch.Tensor  # (C,) bool: updated since fetched (the store's copy is stale)
-    prefetched: torch.Tensor  # (C,) bool: fetched by a prefetch since the last lookup
-    key_base: torch.Tensor  # (C,) int64 C + slot: the LRU key (tick + 1) x C + slot is tick x C + this
-    freq: torch.Tensor | None  # (rows,) int64 id occurrences, LFU only
+    tick: Array
+    dirty: Array  # (C,) bool: updated since fetched (the store's copy is stale)
+    prefetched: Array  # (C,) bool: fetched by a prefetch since the last lookup
+    # LFU only: id occurrences at lookup, per row (rows,) int64 for rows not resident, per slot
+    # (C,) int64 for the row in it (-1 free): a lookup counts into the small array, a move
+    # carries the counts of the rows that leave and arrive
+    freq: Array | None
+    slot_freq: Array | None
     free: int  # free slots left (they are taken first and never freed again)
     has_prefetched: bool = False  # some slot's ``prefetched`` is set
 
@@ -375,23 +509,27 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         ]  # weight + state bytes of one row
         ftm = self.feature_table_map
         self._table_features = [[f for f, ft in enumerate(ftm) if ft == t] for t in range(len(tables))]
+        self._ops = _Ops(self.device_, NUMPY_ON_CPU)
         self._slots = [self._new_slots(spec.rows, c) for spec, c in zip(tables, slots)]
         self._tick = 0  # lookups and prefetches so far
+        # the latest prefetch's batch (values, offsets) and per table (ids, slots, no missing rows),
+        # when it fetched every table's rows; the next lookup takes it (and drops it either way)
+        self._prefetched_plan: tuple[tuple[torch.Tensor, torch.Tensor], list[tuple[Array, Array, Array]]] | None = None
         self._pin_tick = 0  # the latest lookup's tick: slots used since are pinned
         self._stats: dict[str, int | float] = {k: 0 for k in _STAT_KEYS} | {"fetch_s": 0.0}
-        # the parts of _STAT_KEYS counted on the device (no host sync per lookup); stats() adds them
-        self._device_stats = {k: torch.zeros((), dtype=torch.int64, device=self.device_) for k in _DEVICE_STATS}
+        # the parts of _STAT_KEYS counted where the bookkeeping lives (on a device: no host sync per
+        # lookup); stats() adds them
+        self._device_stats: dict[str, Array | int] = {k: 0 for k in _DEVICE_STATS}
         self._lock = threading.RLock()
 
     def _new_slots(self, rows: int, c: int) -> _Slots:
-        dev = self.device_
-        row_map = (_DenseRowMap if rows <= DENSE_MAP_MAX_ROWS else _SortedRowMap)(rows, c, dev)
+        ops = self._ops
+        row_map = (_DenseRowMap if rows <= DENSE_MAP_MAX_ROWS else _SortedRowMap)(rows, c, ops)
         return _Slots(
-            map=row_map, slot_row=torch.full((c,), -1, dtype=torch.int64, device=dev),
-            tick=torch.full((c + 1,), -1, dtype=torch.int64, device=dev),
-            dirty=torch.zeros(c, dtype=torch.bool, device=dev),
-            prefetched=torch.zeros(c, dtype=torch.bool, device=dev), key_base=torch.arange(c, 2 * c, device=dev),
-            freq=torch.zeros(rows, dtype=torch.int64, device=dev) if self.policy == "lfu" else None, free=c,
+            map=row_map, slot_row=ops.full(c, -1, "int64"), tick=ops.full(c + 1, -1, "int64"),
+            dirty=ops.full(c, False, "bool"), prefetched=ops.full(c, False, "bool"),
+            freq=ops.full(rows, 0, "int64") if self.policy == "lfu" else None,
+            slot_freq=ops.full(c, -1, "int64") if self.policy == "lfu" else None, free=c,
         )  # fmt: skip
 
     # ---- lookup and prefetch ----------------------------------------------------------------
@@ -406,44 +544,52 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         """
         start = time.perf_counter()
         spans = self._feature_spans(offsets)
+        prefetched, self._prefetched_plan = self._prefetched_plan, None
         with torch.no_grad():
-            plans = [self._plan(t, values, spans) for t in range(len(self.tables))]
+            if prefetched is not None and _same_batch(prefetched[0], values, offsets):
+                plans = prefetched[1]  # every row resident and pinned since: no second map lookup
+            else:
+                plans = [self._plan(t, values, spans) for t in range(len(self.tables))]
             for t, (ids, slots, missing) in enumerate(plans):  # check every table before changing any
                 C = self.cache_rows[t]
-                if ids.numel() > C:  # else it fits: a batch has no more unique rows than ids
-                    resident = torch.zeros(C + 1, dtype=torch.bool, device=slots.device).index_fill_(0, slots, True)
-                    needed = int(resident[:C].sum()) + missing.numel()
+                if len(ids) > C:  # else it fits: a batch has no more unique rows than ids
+                    resident = self._ops.full(C + 1, False, "bool")
+                    resident[slots] = True
+                    needed = int(resident[:C].sum()) + len(missing)
                     if needed > C:
                         raise ValueError(self._too_small(t, needed))
             self._tick += 1
             self._pin_tick = self._tick  # releases every pin: the previous batch's backward has run
-            table_slots = []
+            table_slots, touched = [], []
             for t, (ids, slots, missing) in enumerate(plans):
                 c = self._slots[t]
-                c.tick.index_fill_(0, slots, self._tick)
+                c.tick[slots] = self._tick
                 resident = c.tick[:-1] == self._tick  # the batch's resident rows, once each
+                touched.append(resident)
                 unique = resident.sum()
                 self._device_stats["unique_rows"] += unique
-                self._stats["unique_rows"] += missing.numel()
+                self._stats["unique_rows"] += len(missing)
                 if c.has_prefetched:
                     self._device_stats["hits"] += (resident & ~c.prefetched).sum()
-                    c.prefetched.zero_()
+                    c.prefetched[:] = False
                     c.has_prefetched = False
                 else:
                     self._device_stats["hits"] += unique
-                if missing.numel():  # victims: the least recently / frequently used unpinned slots
-                    self._replace(t, self._victims(t, missing.numel(), check=False), missing, prefetch=False)
-                    slots = c.map.lookup(ids)
-                if c.freq is not None:
-                    c.freq.index_add_(0, ids, torch.ones_like(ids))
+                if len(missing):  # victims: the least recently / frequently used unpinned slots
+                    victims = self._victims(t, len(missing), check=False)
+                    self._replace(t, victims, missing, prefetch=False)
+                    slots = c.map.refresh(ids, slots)
+                    resident[victims] = True
+                if c.slot_freq is not None:
+                    self._ops.add_at(c.slot_freq, slots)
                 table_slots.append(slots)
             slot_values = self._feature_major(values, spans, table_slots)
         self._stats["lookups"] += values.numel()
         self._stats["fetch_s"] += time.perf_counter() - start
         out = self.inner._lookup(slot_values, offsets, per_sample_weights)
         if out.requires_grad:  # the inner backward will update the batch's (pinned) slots in place
-            for c, slots in zip(self._slots, table_slots):
-                c.dirty.index_fill_(0, slots, True)
+            for c, batch_slots in zip(self._slots, touched):
+                c.dirty |= batch_slots
         return out
 
     @_locked
@@ -459,104 +605,156 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         start = time.perf_counter()
         spans = self._feature_spans(offsets)
         self._tick += 1
+        plans, deferred = [], False
         with torch.no_grad():
             for t in range(len(self.tables)):
-                _, slots, missing = self._plan(t, values, spans)
+                ids, slots, missing = self._plan(t, values, spans)
                 c = self._slots[t]
-                c.tick.index_fill_(0, slots, self._tick)  # the coming batch's: pinned, not victims
-                if missing.numel() == 0:
-                    continue
-                victims = self._victims(t, missing.numel(), check=True)
-                if victims is None:
-                    self._stats["prefetch_deferred"] += 1
-                    continue
-                self._replace(t, victims, missing, prefetch=True)
-                self._stats["prefetched_rows"] += missing.numel()
+                c.tick[slots] = self._tick  # the coming batch's: pinned, not victims
+                if len(missing):
+                    victims = self._victims(t, len(missing), check=True)
+                    if victims is None:
+                        self._stats["prefetch_deferred"] += 1
+                        deferred = True
+                        continue
+                    self._replace(t, victims, missing, prefetch=True)
+                    self._stats["prefetched_rows"] += len(missing)
+                    slots = c.map.refresh(ids, slots)
+                plans.append((ids, slots, missing[:0]))
+        # the batch's lookup (the next one, if it is this batch) starts from these slots: they stay
+        # pinned until then, and every mapping change keeps a pinned row in its slot
+        self._prefetched_plan = None if deferred else ((values.clone(), offsets.clone()), plans)
         self._stats["fetch_s"] += time.perf_counter() - start
 
-    def _plan(
-        self, t: int, values: torch.Tensor, spans: list[tuple[int, int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _plan(self, t: int, values: torch.Tensor, spans: list[tuple[int, int]]) -> tuple[Array, Array, Array]:
         """Table t's ids in the batch (n,) int64, their slots (n,) int64 (C where not resident)
         and the sorted unique rows not resident. Changes nothing."""
         c = self._slots[t]
         ids = self._table_ids(values, spans, t)
         slots = c.map.lookup(ids)
         missing = ids[slots == c.map.missing]
-        return ids, slots, torch.unique(missing) if missing.numel() else missing
+        return ids, slots, self._ops.unique(missing) if len(missing) else missing
 
-    def _victims(self, t: int, k: int, check: bool) -> torch.Tensor | None:
-        """The k slots of table t to reuse, in eviction order, among those not pinned (tick below
-        the pin tick): free slots first, then by policy (module docstring). One top-k over a
-        composite key (LRU: tick, slot; LFU: frequency, tick, slot: unique, so the choice is
-        deterministic). ``check``: return None when fewer than k slots are unpinned (a lookup
-        has checked its batch fits, and pinned slots never sort first under LRU)."""
-        c, C, pin = self._slots[t], self.cache_rows[t], self._pin_tick
+    def _victims(self, t: int, k: int, check: bool) -> Array | None:
+        """The k slots of table t to reuse, among those not pinned (tick below the pin tick):
+        free slots first, then by policy (module docstring), ties by slot. Free slots are taken
+        in slot order and never freed, so they are the last ``free``: a range, no search. The
+        rest: LRU the smallest (tick, slot), in slot order; LFU the smallest (frequency, tick,
+        slot) by one top-k over a composite key, in that order. ``check``: None when fewer than
+        k slots are unpinned (a prefetch then skips the table; a lookup has checked that its
+        batch fits, and on a device the check waits for it)."""
+        c, C, pin, ops = self._slots[t], self.cache_rows[t], self._pin_tick, self._ops
         if k > C:  # a prefetch of a batch the cache cannot hold (its lookup will say so)
             return None
-        tick = c.tick[:-1]
-        key = torch.add(c.key_base, tick, alpha=C)  # free slots carry tick -1: first
-        bound = (pin + 1) * C  # LRU: the keys of pinned slots (tick >= pin) are at least this
-        if c.freq is not None:
-            rows = c.slot_row
-            freq = torch.where(rows >= 0, c.freq.index_select(0, rows.clamp(min=0)), -1) + 1  # free first
-            span = (self._tick + 2) * C
-            if (int(freq.max()) + 1) * span >= 2**62:  # the composite key would overflow: sort
-                cand = (tick < pin).nonzero().squeeze(1)
-                if cand.numel() < k:
-                    return None
-                order = torch.argsort(key[cand], stable=True)
-                order = order[torch.argsort(freq[cand[order]], stable=True)]
-                return cand[order[:k]]
-            bound = torch.iinfo(torch.int64).max
-            key = torch.add(key, freq, alpha=span).masked_fill_(tick >= pin, bound)
-        keys, victims = torch.topk(key, k, largest=False, sorted=True)
+        used = C - c.free  # slots [0, used) hold rows
+        free = ops.arange(used, used + min(k, c.free))
+        k -= len(free)
+        if k == 0:
+            return free
+        tick = c.tick[:used]
+        if c.slot_freq is None:
+            rest = self._lru_victims(tick, k, pin, check)
+        else:
+            rest = self._lfu_victims(c, tick, k, pin, check)
+        return None if rest is None else ops.cat(free, rest)
+
+    def _lru_victims(self, tick: Array, k: int, pin: int, check: bool) -> Array | None:
+        """The k unpinned slots of smallest (tick, slot), ascending by slot; None if fewer.
+
+        On CPU without a sort: ticks are counted in LRU_WINDOW bins below the pin tick (older
+        ticks share bin 0), the victims are every slot below the bin where the count reaches k and
+        the lowest slots in it; one top-k when that bin is bin 0 (it mixes ticks). Elsewhere one
+        top-k (a device has no cheap count-then-select without host syncs)."""
+        ops, W = self._ops, LRU_WINDOW
+        if ops.numpy:
+            rel = tick - (pin - W)
+            np.clip(rel, 0, W, out=rel)  # bin W: pinned (tick >= pin)
+            cum = np.cumsum(np.bincount(rel, minlength=W + 1)[:W])
+            if cum[-1] < k:
+                return None
+            b = int(np.searchsorted(cum, k))  # the first bin holding the k-th oldest
+            if b > 0:
+                below = rel < b
+                need = k - int(cum[b - 1])
+                at = np.flatnonzero(rel == b)[:need]
+                below[at] = True
+                return np.flatnonzero(below)
+        key = tick * len(tick) + ops.arange(0, len(tick))  # unique; pinned ones >= pin x used
+        keys, victims = ops.smallest(key, k)
+        if check and int(keys[-1]) >= pin * len(tick):
+            return None
+        return ops.sort(victims)[0]
+
+    def _lfu_victims(self, c: _Slots, tick: Array, k: int, pin: int, check: bool) -> Array | None:
+        """The k unpinned used slots of smallest (frequency, tick, slot), in that order."""
+        ops, used = self._ops, len(tick)
+        freq = c.slot_freq[:used]
+        span = (self._tick + 2) * used
+        key = tick * used + ops.arange(0, used)
+        if (int(freq.max()) + 1) * span >= 2**62:  # the composite key would overflow: sort
+            cand = ops.nonzero(tick < pin)
+            if len(cand) < k:
+                return None
+            order = ops.sort(key[cand])[1]
+            order = order[ops.sort(freq[cand[order]])[1]]
+            return cand[order[:k]]
+        bound = torch.iinfo(torch.int64).max
+        key = key + freq * span
+        key[tick >= pin] = bound
+        keys, victims = ops.smallest(key, k)
         if check and int(keys[-1]) >= bound:
             return None
         return victims
 
-    def _replace(self, t: int, slots: torch.Tensor, rows: torch.Tensor, prefetch: bool) -> None:
+    def _replace(self, t: int, slots: Array, rows: Array, prefetch: bool) -> None:
         """Evict slots (k,) of table t, writing their dirty rows back first, and fetch rows (k,)
         (not resident) from the store into them; they become touched by this call."""
-        c, k = self._slots[t], rows.numel()
-        old = c.slot_row.index_select(0, slots)
-        self._write_back(t, slots[c.dirty.index_select(0, slots)])  # a dirty slot holds a row
-        self._copy_in(t, rows, slots)
-        c.slot_row.index_copy_(0, slots, rows)
+        c, k = self._slots[t], len(rows)
+        old = c.slot_row[slots]
+        dirty = slots[c.dirty[slots]]  # a dirty slot holds a row
+        views = self.inner.rows_views(t)
+        self._write_back(t, dirty, c.slot_row[dirty], views)
+        self._copy_in(t, rows, slots, views)
+        c.slot_row[slots] = rows
         taken = min(k, c.free)  # victims list free slots first
         if taken:  # a free slot "evicts" the row it receives (mapped right after): no mask, no sync
-            old = torch.where(old >= 0, old, rows)
+            old = self._ops.xp.where(old >= 0, old, rows)
         c.map.moved(old, rows, slots, c.slot_row)
+        if c.slot_freq is not None:  # the leaving rows' counts, then the arriving rows'
+            held = slice(None) if not taken else c.slot_freq[slots] >= 0
+            c.freq[old[held]] = c.slot_freq[slots[held]]
+            c.slot_freq[slots] = c.freq[rows]
         c.free -= taken
-        c.tick.index_fill_(0, slots, self._tick)  # clean: the dirty ones were just written back
+        c.tick[slots] = self._tick  # clean: the dirty ones were just written back
         if prefetch:
-            c.prefetched.index_fill_(0, slots, True)
+            c.prefetched[slots] = True
             c.has_prefetched = True
         self._stats["evictions"] += k - taken
         self._stats["misses"] += k
         self._stats["bytes_read"] += k * self._row_bytes[t]
 
-    def _write_back(self, t: int, slots: torch.Tensor) -> None:
-        """Write resident slots (k,) of table t to the store; they become clean."""
-        if slots.numel() == 0:
+    def _write_back(self, t: int, slots: Array, rows: Array, views: RowViews | None = None) -> None:
+        """Write resident slots (k,) of table t, holding rows (k,), to the store; they become clean.
+        ``views``: the inner kernel's ``rows_views(t)``, when the caller has them."""
+        if len(slots) == 0:
             return
-        c = self._slots[t]
-        weight, state = self.inner.rows_views(t)
+        index = self._ops.tensor(slots)
+        weight, state = views or self.inner.rows_views(t)
         self.store.write(
-            t, c.slot_row.index_select(0, slots).cpu(), weight.index_select(0, slots).cpu(),
-            {n: v.index_select(0, slots).cpu() for n, v in state.items()},
+            t, self._ops.host(rows), _take_rows(weight, index), {n: _take_rows(v, index) for n, v in state.items()},
         )  # fmt: skip
-        c.dirty.index_fill_(0, slots, False)
-        self._stats["writebacks"] += slots.numel()
-        self._stats["bytes_written"] += slots.numel() * self._row_bytes[t]
+        self._slots[t].dirty[slots] = False
+        self._stats["writebacks"] += len(slots)
+        self._stats["bytes_written"] += len(slots) * self._row_bytes[t]
 
-    def _copy_in(self, t: int, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    def _copy_in(self, t: int, rows: Array, slots: Array, views: RowViews | None = None) -> None:
         """Copy rows (k,) of table t from the store into slots (k,) of the inner kernel."""
-        weight_rows, state_rows = self.store.read(t, rows.cpu())
-        weight, state = self.inner.rows_views(t)
-        _copy_rows(weight, slots, weight_rows.to(weight.device))
+        weight_rows, state_rows = self.store.read(t, self._ops.host(rows))
+        weight, state = views or self.inner.rows_views(t)
+        index = self._ops.tensor(slots)
+        _copy_rows(weight, index, weight_rows.to(weight.device))
         for name, view in state.items():
-            _copy_rows(view, slots, state_rows[name].to(view.device))
+            _copy_rows(view, index, state_rows[name].to(view.device))
 
     # ---- batch helpers ------------------------------------------------------------------------
     def _feature_spans(self, offsets: torch.Tensor) -> list[tuple[int, int]]:
@@ -566,28 +764,28 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         bounds = offsets[::B].tolist() if B > 0 else [0] * (F + 1)
         return [(int(bounds[f]), int(bounds[f + 1])) for f in range(F)]
 
-    def _table_ids(self, values: torch.Tensor, spans: list[tuple[int, int]], t: int) -> torch.Tensor:
+    def _table_ids(self, values: torch.Tensor, spans: list[tuple[int, int]], t: int) -> Array:
         """(n_t,) int64 ids of table t in this batch, over every feature that reads it."""
         pieces = [values[slice(*spans[f])] for f in self._table_features[t]]
         if not pieces:
-            return values.new_zeros(0, dtype=torch.int64)
-        return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).to(torch.int64)
+            return self._ops.full(0, 0, "int64")
+        return self._ops.ids(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
 
     def _feature_major(
-        self, values: torch.Tensor, spans: list[tuple[int, int]], table_slots: list[torch.Tensor]
+        self, values: torch.Tensor, spans: list[tuple[int, int]], table_slots: list[Array]
     ) -> torch.Tensor:
         """The batch's slots (N,) int64 in ``values``' order from each table's (``_table_ids``
-        order): the table's own tensor when one feature reads the whole batch."""
+        order), as a tensor: the table's own array when one feature reads the whole batch."""
         if len(table_slots) == 1 and len(self._table_features[0]) == 1:
-            return table_slots[0]
-        out = torch.empty(values.shape, dtype=torch.int64, device=values.device)
+            return self._ops.tensor(table_slots[0])
+        out = self._ops.full(values.numel(), 0, "int64")
         for t, slots in enumerate(table_slots):
             i = 0
             for f in self._table_features[t]:
                 a, b = spans[f]
                 out[a:b] = slots[i : i + b - a]
                 i += b - a
-        return out
+        return self._ops.tensor(out)
 
     def _too_small(self, t: int, needed: int) -> str:
         spec = self.tables[t]
@@ -605,7 +803,8 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         """Write every dirty slot back to the store (slots stay resident, now clean)."""
         with torch.no_grad():
             for t, c in enumerate(self._slots):
-                self._write_back(t, c.dirty.nonzero().squeeze(1))
+                slots = self._ops.nonzero(c.dirty)
+                self._write_back(t, slots, c.slot_row[slots])
         self.store.sync()
 
     @_locked
@@ -659,16 +858,17 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
         c = self._slots[t]
         with torch.no_grad():
             affected = (c.slot_row >= lo) & (c.slot_row < hi)
-            self._write_back(t, (affected & c.dirty).nonzero().squeeze(1))
+            dirty = self._ops.nonzero(affected & c.dirty)
+            self._write_back(t, dirty, c.slot_row[dirty])
             write()
-            slots = affected.nonzero().squeeze(1)
-            if slots.numel():
+            slots = self._ops.nonzero(affected)
+            if len(slots):
                 self._copy_in(t, c.slot_row[slots], slots)
 
     def resident_rows(self, t: int) -> torch.Tensor:
         """Sorted (k,) int64 CPU tensor of table t's rows now in the cache."""
         rows = self._slots[t].slot_row
-        return rows[rows >= 0].sort().values.cpu()
+        return self._ops.host(self._ops.sort(rows[rows >= 0])[0])
 
     def stats(self) -> dict[str, int | float]:
         """Cumulative counters (defined in the module docstring)."""
