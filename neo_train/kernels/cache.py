@@ -6,12 +6,14 @@
     kernel.prefetch(next_values, next_offsets)   # optional: between this forward and backward
     pooled.backward(grad)              # the inner kernel's fused update, on the cached slots
 
-Every table's full rows and their optimizer state live in a backing store (``HostStore``: CPU
-tensors, the DRAM tier; ``MmapStore``: one memory-mapped file per table and tensor, the SSD
-tier). An inner fused kernel of any backend holds ``cache_rows[t]`` rows ("slots") of table t,
-so lookup and fused optimizer run at full speed on the slots; a row map (a dense int32 array,
-or for tables past ``DENSE_MAP_MAX_ROWS`` rows a binary search in the sorted resident rows) and
-``slot_row`` map between a table's rows and its slots.
+This module holds the cache: its bookkeeping (``_Ops``, the row maps, ``_Slots``), victims,
+prefetch and ``CachedEmbeddingBag``. Every table's full rows and their optimizer state live in a
+backing store (kernels/cache_store.py, re-exported here: ``HostStore``: CPU tensors, the DRAM
+tier; ``MmapStore``: one memory-mapped file per table and tensor, the SSD tier). An inner fused
+kernel of any backend holds ``cache_rows[t]`` rows ("slots") of table t, so lookup and fused
+optimizer run at full speed on the slots; a row map (a dense int32 array, or for tables past
+``DENSE_MAP_MAX_ROWS`` rows a binary search in the sorted resident rows) and ``slot_row`` map
+between a table's rows and its slots.
 
 Exactness: rows are independent under every sparse optimizer of base.py (Adam's global step is
 the inner kernel's, shared by all rows), and a row's weight and state travel together between
@@ -53,8 +55,8 @@ row map; a sort (unique) of only the missing ids; the batch's slots touched by o
 the tick (entry C takes the missing ids', so no mask); the victims (LRU on CPU: a count of the
 ticks in LRU_WINDOW bins, then two passes; otherwise one top-k over the slots holding rows); the
 dirty victims' write-back and the fetch as indexed row copies (on CPU one record copy a row,
-``_rows``); a gather of the fetched ids' slots; the dirty flags set by one pass over the
-batch's slot mask. A lookup right after a prefetch that fetched its whole batch reuses the
+``cache_store._rows``); a gather of the fetched ids' slots; the dirty flags set by one pass over
+the batch's slot mask. A lookup right after a prefetch that fetched its whole batch reuses the
 prefetch's slots (no second gather). On a device the host waits (a sync) 8 times in a lookup
 that fetches, as before: the feature spans, the missing ids' count and their unique rows, the
 dirty victims, and the copies to and from the store (the rows, weights and each state); LFU
@@ -77,7 +79,6 @@ from __future__ import annotations
 
 import functools
 import math
-import mmap
 import threading
 import time
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ import numpy as np
 import torch
 
 from .base import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, state_shapes
+from .cache_store import BackingStore, HostStore, MmapStore, _copy_rows, _take_rows
 from .flat_storage import check_shape
 from .init import init_table_rows
 from .registry import create_embedding_bag
@@ -114,169 +116,10 @@ _STAT_KEYS: tuple[str, ...] = (
 _DEVICE_STATS: tuple[str, ...] = ("unique_rows", "hits")
 
 
-# ---- backing stores ---------------------------------------------------------------------------
-class BackingStore:
-    """Every table's full rows and optimizer state, addressed by row id.
-
-    ``weights[t]`` (rows, D) in the weight dtype and ``states[t][name]`` ((rows, D) or (rows,),
-    float32; names as base.state_shapes) are CPU tensors; the cache moves rows with indexed
-    copies (``read`` / ``write``) and accessors read or write them whole.
-    """
-
-    tier: ClassVar[str] = "abstract"
-
-    def __init__(self, weights: list[torch.Tensor], states: list[dict[str, torch.Tensor]]) -> None:
-        self.weights = weights
-        self.states = states
-
-    def read(self, t: int, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Rows (k,) int64 of table t -> (weights (k, D), {name: (k, D) or (k,)})."""
-        return _take_rows(self.weights[t], rows), {n: _take_rows(s, rows) for n, s in self.states[t].items()}
-
-    def write(self, t: int, rows: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        """Store rows (k,) int64 (unique) of table t: weight (k, D), state like ``read``'s."""
-        _copy_rows(self.weights[t], rows, weight)
-        for name, s in self.states[t].items():
-            _copy_rows(s, rows, state[name])
-
-    def sync(self) -> None:
-        """Make written rows durable (a no-op in memory)."""
-
-
-class HostStore(BackingStore):
-    """The DRAM tier: plain CPU tensors."""
-
-    tier: ClassVar[str] = "host"
-
-    def __init__(self, tables: Sequence[TableSpec], optimizer: str, weight_dtype: torch.dtype) -> None:
-        super().__init__(
-            [torch.zeros(s.rows, s.dim, dtype=weight_dtype) for s in tables],
-            [{n: torch.zeros(shape) for n, shape in state_shapes(optimizer, s.rows, s.dim).items()} for s in tables],
-        )
-
-
-class MmapStore(BackingStore):
-    """The SSD tier: one memory-mapped file per table and tensor in ``directory``
-    (``table{t}.weight``: weight dtype, bf16 as its uint16 bits; ``table{t}.{state}``: float32),
-    created anew (zero-filled, sparse on disk) by the constructor.
-
-    Why memmap rather than a key-value store: rows are fixed width and addressed by a dense id,
-    so row r sits at byte r x row_bytes (direct addressing, no index to keep); a row is read and
-    written as raw bytes (no serialisation); the OS page cache keeps hot pages in DRAM and writes
-    back dirty ones by itself. A KV store would add hashing, per-row serialisation and its own
-    cache on the same path.
-    """
-
-    tier: ClassVar[str] = "ssd"
-    _NUMPY: ClassVar[dict[torch.dtype, type]] = {
-        torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16,
-    }  # fmt: skip
-
-    def __init__(
-        self, tables: Sequence[TableSpec], optimizer: str, weight_dtype: torch.dtype, directory: str | Path
-    ) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._maps: list[np.memmap] = []
-        weights = [self._map(f"table{t}.weight", weight_dtype, (s.rows, s.dim)) for t, s in enumerate(tables)]
-        self._weight_maps = list(self._maps)
-        states, self._state_maps = [], []
-        for t, s in enumerate(tables):
-            shapes = state_shapes(optimizer, s.rows, s.dim)
-            states.append({n: self._map(f"table{t}.{n}", torch.float32, sh) for n, sh in shapes.items()})
-            self._state_maps.append(dict(zip(shapes, self._maps[-len(shapes):] if shapes else [])))
-        super().__init__(weights, states)
-
-    def read(self, t: int, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """As BackingStore.read, after asking the kernel to read every page the rows sit on
-        (MADV_WILLNEED over runs of pages): the disk then serves them in parallel instead of one
-        page fault at a time (random reads of a cold store were fault-bound)."""
-        r = rows.numpy()
-        for mm in (self._weight_maps[t], *self._state_maps[t].values()):
-            _will_need(mm, r)
-        return super().read(t, rows)
-
-    def write(self, t: int, rows: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        """As BackingStore.write; a row shares its page with others, so a cold page is read
-        before it is changed: those reads are asked for together first, as in ``read``."""
-        r = rows.numpy()
-        for mm in (self._weight_maps[t], *self._state_maps[t].values()):
-            _will_need(mm, r)
-        super().write(t, rows, weight, state)
-
-    def _map(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """A new zero-filled file mapped as a CPU tensor (sharing the mapping's memory)."""
-        mm = np.memmap(self.directory / name, dtype=self._NUMPY[dtype], mode="w+", shape=shape)
-        raw = getattr(mm, "_mmap", None)  # numpy keeps the mmap.mmap here
-        if raw is not None and hasattr(mmap, "MADV_RANDOM"):
-            # rows are read at random: without this every page fault reads ahead 128 KB around a
-            # 1 KB row (measured: a Model-F-shaped step fetching 50k rows took 27 s of faults)
-            raw.madvise(mmap.MADV_RANDOM)
-        self._maps.append(mm)
-        return torch.from_numpy(mm).view(dtype)
-
-    def sync(self) -> None:
-        for mm in self._maps:
-            mm.flush()
-
-
-def _will_need(mm: np.memmap, rows: np.ndarray) -> None:
-    """madvise(MADV_WILLNEED) the pages holding ``rows`` of a row-major map."""
-    raw = getattr(mm, "_mmap", None)
-    if raw is None or not hasattr(mmap, "MADV_WILLNEED") or rows.size == 0:
-        return
-    rows = np.sort(rows)  # write-backs come in slot order
-    row_bytes = mm.itemsize * (int(np.prod(mm.shape[1:])) if mm.ndim > 1 else 1)
-    page = mmap.PAGESIZE
-    first = rows.astype(np.int64) * row_bytes // page
-    last = ((rows.astype(np.int64) + 1) * row_bytes - 1) // page
-    # runs of consecutive pages: a new run where a row's first page is past the previous last + 1
-    starts = np.flatnonzero(np.concatenate([[True], first[1:] > last[:-1] + 1]))
-    ends = np.concatenate([starts[1:], [rows.size]]) - 1
-    size = len(raw)  # the file's bytes: the last page may be partial
-    for a, b in zip(first[starts].tolist(), last[ends].tolist()):
-        raw.madvise(mmap.MADV_WILLNEED, a * page, min((b - a + 1) * page, size - a * page))
-
-
 def _same_batch(batch: tuple[torch.Tensor, torch.Tensor], values: torch.Tensor, offsets: torch.Tensor) -> bool:
     """Whether (values, offsets) equal a prefetched batch's (a pass over the ids, no gather)."""
     v, o = batch
     return v.shape == values.shape and o.shape == offsets.shape and torch.equal(o, offsets) and torch.equal(v, values)
-
-
-def _take_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """src[index] along dim 0 (index on src's device), as a new CPU tensor (see ``_rows``)."""
-    if src.device.type != "cpu":
-        return src.index_select(0, index).cpu()
-    a = _as_numpy(src)
-    out = _rows(src).take(index.numpy(), axis=0).view(a.dtype).reshape(-1, *a.shape[1:])
-    return torch.from_numpy(out).view(src.dtype)  # bf16 from its int16 bits
-
-
-def _copy_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
-    """dst[index] = src along dim 0 (index: unique, on dst's device; see ``_rows``)."""
-    if dst.device.type != "cpu":
-        dst.index_copy_(0, index, src)
-        return
-    _rows(dst)[index.numpy()] = _rows(src.contiguous())
-
-
-def _rows(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's rows as a 1-D numpy array of opaque records (one per row, when its rows are
-    contiguous), so indexing copies one record per row: a row copy costs one memmove and no
-    per-element iteration. Measured on 2k scattered rows of 256 B (caches cold, 51 MB store, 5 MB
-    slots): store -> slots 320 -> 240 us, slots -> store 340 -> 200 us against torch's
-    index_select plus numpy's 2-D fancy assignment (each already the faster of torch and numpy)."""
-    a = _as_numpy(t)
-    if a.ndim != 2 or a.shape[1] == 0 or a.strides != (a.shape[1] * a.itemsize, a.itemsize):
-        return a
-    return a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(a.shape[0])
-
-
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's memory as a numpy array (bf16 as its int16 bits: numpy has no bfloat16)."""
-    t = t.detach()
-    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
 
 
 # ---- the cache ----------------------------------------------------------------------------------
