@@ -153,7 +153,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if hasattr(g, "set_hot_features"):
                 g.set_hot_features(self._hot_features)
         self._hot_ids: dict[str, torch.Tensor] = {}  # routing: the hot set that splits new batches
-        self._hot_sorted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (sorted ids, their slots)
+        # the split's lookup (set_hot_rows): every hot table's ids keyed row_off[t] + id, sorted, with
+        # each key's replica slot, and the key offset of each hot feature (_hot_features order)
+        self._hot_sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._hot_version = 0
         self._replica_ids: dict[str, torch.Tensor] = {}  # what the replicas hold now
         self._replica_version = -1
@@ -288,9 +290,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._hot_version += 1
         self._hot_ids = new
         dev = self.ctx.device
-        for t, ids in new.items():
-            sorted_ids, slots = torch.sort(ids)
-            self._hot_sorted[t] = (sorted_ids.to(dev), slots.to(dev))
+        # keys row_off[t] + id never collide across tables: ids are in [0, rows) (validate / the trainer's check)
+        rows = (self.model_cfg.table(t).num_rows for t in self._hot_k)
+        row_off = dict(zip(self._hot_k, itertools.accumulate(rows, initial=0)))
+        keys, order = torch.sort(torch.cat([new[t] + row_off[t] for t in self._hot_k]))  # (sum k,)
+        slots = torch.cat([torch.arange(self._hot_k[t]) for t in self._hot_k]).index_select(0, order)
+        feat_off = torch.tensor([row_off[t] for t in self._hot_features.values()], dtype=torch.int64)
+        self._hot_sorted = (keys.to(dev), slots.to(dev), feat_off.to(dev))
         self._pending_hot[self._hot_version] = new
 
     def hot_write_back(self) -> None:
@@ -307,21 +313,44 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def _split_hot(self, parts: dict, b: int) -> dict:
         """Each hot table's features split into the cold ids (the feature itself) and the hot ids
-        as slots of the replica (feature#hot), bag by bag; per-id weights follow their ids."""
+        as slots of the replica (feature#hot), bag by bag; per-id weights follow their ids.
+
+        One pass over the F hot features (``parts`` is ``SparseFeatures.by_feature()``: one dtype
+        for every feature's values, one for lengths, weights all or none): every id keyed
+        row_off[t] + id in int64, one searchsorted in the sorted keys of every hot table
+        (set_hot_rows), one selection of the cold ids and one of the hot slots (in feature, bag,
+        id order, as a split feature by feature gives), the per-bag hot counts by one index_add
+        over the F b bags. One device-to-host read (the F hot counts) cuts the results back into
+        features (a split feature by feature with boolean indexing read 2 per feature)."""
+        keys_sorted, key_slots, feat_off = self._hot_sorted
+        feats = list(self._hot_features)
+        F = len(feats)
+        values, lengths, weights = zip(*(parts[f] for f in feats))
+        n = [v.numel() for v in values]
+        N = sum(n)
+        vals = torch.cat(values)  # (N,)
+        lens = torch.cat(lengths)  # (F b,)
+        bag = torch.repeat_interleave(lens.to(torch.int64), output_size=N)  # each id's bag f b + j
+        keys = vals.to(torch.int64) + feat_off.view(F, 1).expand(F, b).reshape(-1).index_select(0, bag)
+        # int32 positions (sum k < 2^31): the CPU search runs faster with them
+        pos = torch.searchsorted(keys_sorted, keys, out_int32=True).clamp_(max=keys_sorted.numel() - 1)
+        hot = keys_sorted.index_select(0, pos) == keys
+        hot_len = torch.zeros_like(lens).index_add_(0, bag, hot.to(lens.dtype)).view(F, b)
+        cold_len = lens.view(F, b) - hot_len
+        n_hot = hot_len.sum(1).tolist()  # the one device-to-host read
+        n_cold = [m - h for m, h in zip(n, n_hot)]
+        cold_at = torch.nonzero_static(~hot, size=N - sum(n_hot)).flatten()
+        hot_at = torch.nonzero_static(hot, size=sum(n_hot)).flatten()
+        cold_vals = vals.index_select(0, cold_at).split(n_cold)
+        hot_slots = key_slots.index_select(0, pos.index_select(0, hot_at)).to(vals.dtype).split(n_hot)
+        if weights[0] is None:
+            cold_w = hot_w = (None,) * F
+        else:
+            w = torch.cat(weights)
+            cold_w, hot_w = w.index_select(0, cold_at).split(n_cold), w.index_select(0, hot_at).split(n_hot)
         out = dict(parts)
-        for f, t in self._hot_features.items():
-            values, lengths, weights = parts[f]
-            sorted_ids, slots = self._hot_sorted[t]
-            v = values.to(torch.int64)
-            pos = torch.searchsorted(sorted_ids, v).clamp(max=sorted_ids.numel() - 1)
-            hot = sorted_ids.index_select(0, pos) == v
-            bag = torch.repeat_interleave(torch.arange(b, device=v.device), lengths.to(torch.int64), output_size=v.numel())
-            hot_len = torch.zeros(b, dtype=lengths.dtype, device=v.device).index_add_(0, bag, hot.to(lengths.dtype))
-            cold = ~hot
-            out[f] = (values[cold], lengths - hot_len, None if weights is None else weights[cold])
-            out[f + HOT_SUFFIX] = (
-                slots.index_select(0, pos[hot]).to(values.dtype), hot_len, None if weights is None else weights[hot]
-            )
+        out.update(zip(feats, zip(cold_vals, cold_len.unbind(0), cold_w)))
+        out.update(zip((f + HOT_SUFFIX for f in feats), zip(hot_slots, hot_len.unbind(0), hot_w)))
         return out
 
     def _hot_shards(self, t: str) -> tuple[list, tuple]:
