@@ -168,19 +168,22 @@ class TrainPipeline:
         if got is None or not self.sharded:
             return None if got is None else (got, None)
         stream = self._dist_stream
-        with self.timer("input_dist"), (torch.cuda.stream(stream) if stream is not None else nullcontext()):
+        with self.timer("input_dist"), self._on_dist_stream():
             if stream is not None:
                 stream.wait_event(got.ready)
                 record_stream(got.batch.sparse, stream)
             pending = self.ebc.input_dist(got.batch.sparse)
         return got, pending
 
+    def _on_dist_stream(self) -> Any:
+        """The input dist's work goes to its side stream on CUDA (a no-op context elsewhere)."""
+        return torch.cuda.stream(self._dist_stream) if self._dist_stream is not None else nullcontext()
+
     def _advance(self, started: tuple[_Loaded, Pending | None] | None) -> None:
         """Read a started input dist's split sizes and start its id all-to-all."""
         if started is None or started[1] is None:
             return
-        stream = self._dist_stream
-        with self.timer("input_dist"), (torch.cuda.stream(stream) if stream is not None else nullcontext()):
+        with self.timer("input_dist"), self._on_dist_stream():
             started[1].advance()
 
     def _routed(self, got: _Loaded, pending: Pending | None):
@@ -188,9 +191,7 @@ class TrainPipeline:
         with self.timer("pipeline_wait"):
             if pending is None:
                 return got.batch.sparse
-            if self._dist_stream is None:
-                return pending.wait()
-            with torch.cuda.stream(self._dist_stream):
+            with self._on_dist_stream():
                 return pending.wait()  # the unpacking runs on the side stream too
 
     def _compute_waits(self, got: _Loaded, pending: Pending | None, sparse_in: Any) -> None:
