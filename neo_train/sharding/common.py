@@ -225,14 +225,15 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
     def launch() -> None:
         n_recv = counting.wait().view(W, G).tolist()
         pieces: list[torch.Tensor] = []
+        ins: list[int] = []  # payload entries per destination
         for j in range(W):
+            first = len(pieces)
             for g in groups:
                 lens, vals, wts = g.per_dest[j]
                 pieces += [*lens, *vals]  # int32 / int64 pieces: the cat promotes to int64
                 if g.weighted:
                     pieces += [_weights_as_int64(w) for w in wts]  # type: ignore[union-attr]
-        ins = [sum(sum(int(x.numel()) for x in part) for g in groups for part in g.per_dest[j] if part is not None)
-               for j in range(W)]
+            ins.append(sum(int(x.numel()) for x in pieces[first:]))
         # what comes from source i: per group (U*b lengths, ids, weights or nothing), back to back
         per_source = [[(g.units_on_me * b, n_recv[i][k], n_recv[i][k] if g.weighted else 0) for k, g in enumerate(groups)]
                       for i in range(W)]
