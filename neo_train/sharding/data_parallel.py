@@ -54,6 +54,17 @@ __all__ = ["DataParallelSharding", "GRAD_SYNCS"]
 GRAD_SYNCS = ("auto", "dense", "sparse")  # DataParallelSharding.grad_sync
 
 
+def _group_equal_keys(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Equal keys as one group each: (the keys sorted, whether each sorted key starts a group,
+    each sorted key's group index, each input key's group index). Groups are numbered in key
+    order; no device-to-host copy."""
+    skey, order = torch.sort(key)
+    first = torch.ones(key.numel(), dtype=torch.bool, device=key.device)
+    first[1:] = skey[1:] != skey[:-1]
+    seg = torch.cumsum(first, 0) - 1
+    return skey, first, seg, torch.empty_like(seg).index_copy_(0, order, seg)
+
+
 class _DataParallelLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, group, values, offsets, weights):  # type: ignore[override]
@@ -180,15 +191,11 @@ class DataParallelSharding(EmbeddingSharding):
         if psw is not None:
             g = g * psw.unsqueeze(1)
         key = self._feature_key_base.repeat_interleave(b, output_size=F * b).index_select(0, bag) + values.to(torch.int64)
-        skey, order = torch.sort(key)
-        first = torch.ones(N, dtype=torch.bool, device=dev)
-        first[1:] = skey[1:] != skey[:-1]
-        seen = torch.cumsum(first, 0)  # (N,): distinct keys up to each sorted id
-        keys = torch.zeros(N, dtype=torch.int64, device=dev).scatter_(0, seen - 1, skey)
-        pos = torch.empty_like(seen).index_copy_(0, order, seen - 1)  # the row each id sums into
+        skey, first, seg, pos = _group_equal_keys(key)  # pos: the row each id sums into
+        keys = torch.zeros(N, dtype=torch.int64, device=dev).scatter_(0, seg, skey)
         rows = torch.zeros(N, self._dmax, device=dev).index_add_(0, pos, g)
-        # distinct keys below each table's first key: seen[i - 1], i = that key's sorted position
-        below = torch.cat([seen.new_zeros(1), seen]).index_select(0, torch.searchsorted(skey, self._row_off_t))
+        # distinct keys below each table's first key: seg[i - 1] + 1, i = that key's sorted position
+        below = torch.cat([seg.new_zeros(1), seg + 1]).index_select(0, torch.searchsorted(skey, self._row_off_t))
         return keys, rows, below.diff()
 
     def _sparse_sum(self, keys, rows, every: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -202,11 +209,7 @@ class DataParallelSharding(EmbeddingSharding):
         got = self.ctx.comm.all_gather_v(torch.cat([rows[:mine], ids], 1), n, tag="dp_grad_sparse")  # (M, D + c)
         gkey = got[:, D:].contiguous().view(torch.int32 if c == 1 else torch.int64).flatten().to(torch.int64)
         M = gkey.numel()
-        skey, order = torch.sort(gkey, stable=True)
-        first = torch.ones(M, dtype=torch.bool, device=got.device)
-        first[1:] = skey[1:] != skey[:-1]
-        seg = torch.cumsum(first, 0) - 1
-        pos = torch.empty_like(seg).index_copy_(0, order, seg)  # received row i sums into pos[i]
+        skey, first, seg, pos = _group_equal_keys(gkey)  # received row i sums into pos[i]
         acc = got.new_zeros(M + 1, D)  # row M stays zero
         start = 0
         for j in range(W):  # rank order; a rank's positions are distinct, so each add is race-free
