@@ -293,7 +293,7 @@ def _one_step(run: _Run, batches: list, measured: bool) -> None:
 def rank_job(comm, job: Job) -> dict[str, Any]:
     """Every variant on this rank: build, warm up, measured steps round robin; rank 0 returns."""
     from neo_train.data.synthetic import SyntheticData
-    from neo_train.sharding.hot_rows import choose_hot_rows
+    from neo_train.planning.hot_rows import choose_hot_rows
     from neo_train.train.pipeline import TrainPipeline
     from neo_train.train.trainer import Trainer
 
@@ -449,7 +449,7 @@ def codec_bytes_per_element(codec: str, dim: int) -> float:
 def simulate_model_a(nodes: int, tables: int, alphas: Sequence[float], codecs: Sequence[str],
                      global_batch: int = 524_288) -> dict[str, Any]:  # fmt: skip
     """Off / auto per alpha / each codec on fat-tree + ring and Opera + DPS (see the docstring)."""
-    from neo_train.sharding.hot_rows import choose_hot_rows
+    from neo_train.planning.hot_rows import choose_hot_rows
     from neo_train.topology.collectives import all_reduce, all_to_all
     from neo_train.topology.simulator import Comm, simulate
     from neo_train.topology.study import cluster_for, make_network, model_for

@@ -182,7 +182,7 @@ def test_zipf_coverage_matches_the_generator_and_auto_picks_the_best_k() -> None
 
     from neo_train.config import Config
     from neo_train.data.synthetic import power_law_ids
-    from neo_train.sharding.hot_rows import choose_hot_rows, zipf_coverage
+    from neo_train.planning.hot_rows import choose_hot_rows, zipf_coverage
 
     rng = np.random.default_rng(zlib.crc32(b"zipf_coverage"))
     for rows, alpha, k in ((100_000, 1.05, 256), (5_000, 0.8, 64), (2_000_000, 1.2, 1024)):
@@ -351,7 +351,7 @@ def test_auto_counts_the_output_bytes_that_one_hot_bags_save() -> None:
     for multi-hot ones); with the ids' bytes alone (8 B an id against 4 D B of pooled row each
     way) no k of a wide one-hot table pays for its all-reduce. Row-wise tables save no output bytes."""
     from neo_train.config import Config, DataConfig, DistConfig, TrainConfig
-    from neo_train.sharding.hot_rows import all_hot_fraction, choose_hot_rows
+    from neo_train.planning.hot_rows import all_hot_fraction, choose_hot_rows
 
     tables = tuple(TableConfig(f"t{i}", 100_000, 128, pooling_factor=L) for i, L in enumerate((1.0, 1.0, 20.0, 20.0)))
     model = ModelConfig(tables, num_dense_features=13, bottom_mlp=(128,), top_mlp=(16,), interaction="dot")
@@ -384,7 +384,7 @@ def test_auto_counts_the_cheaper_replica_sync() -> None:
 
     from neo_train.config import Config, DataConfig, DistConfig, TrainConfig
     from neo_train.data.synthetic import power_law_ids
-    from neo_train.sharding.hot_rows import choose_hot_rows, expected_touched_rows, replica_sync_bytes
+    from neo_train.planning.hot_rows import choose_hot_rows, expected_touched_rows, replica_sync_bytes
 
     rng = np.random.default_rng(zlib.crc32(b"touched_rows"))
     rows, alpha = 100_000, 1.05

@@ -149,7 +149,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 10) -> str:
     """What ``--hot-rows`` would replicate under this plan (choose_hot_rows): per table k, the
     lookups the rows take, and the bytes per step and device saved / added; empty when off."""
-    from ..sharding.hot_rows import choose_hot_rows
+    from .hot_rows import choose_hot_rows
 
     if str(setting) == "off":
         return ""

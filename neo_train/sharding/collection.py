@@ -35,7 +35,7 @@ from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
 from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
 from .data_parallel import DataParallelSharding
-from .hot_rows import hot_row_refusal
+from ..planning.hot_rows import hot_row_refusal
 from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
 from .row_wise import RowWiseSharding
 from .table_column_wise import TableColumnWiseSharding

@@ -92,6 +92,6 @@ class HotRowSchedule:
 
 def hot_row_counts(cfg: Any, plan: Any) -> dict[str, int]:
     """{table: k} from ``cfg.dist.hot_rows`` ("off", "auto" or K; see ``choose_hot_rows``)."""
-    from ..sharding.hot_rows import choose_hot_rows
+    from ..planning.hot_rows import choose_hot_rows
 
     return {t: c.k for t, c in choose_hot_rows(cfg, plan, plan.world_size, cfg.dist.hot_rows).items()}
