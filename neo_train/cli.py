@@ -298,6 +298,11 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     say(f"neo-train: {threads} intra-op thread(s) per rank ({why}; NEO_TRAIN_THREADS overrides)", flush=True)
     if plan is not None:
         say(plan.describe() if len(plan.tables) <= 40 else f"plan: {len(plan.tables)} tables over {world} ranks")
+        uncached = _data_parallel_uncached(cfg, plan)
+        if uncached:
+            say(f"neo-train: note: {len(uncached)} table(s) with a cache load factor below 1 are data-parallel "
+                f"and so not cached (replicas are never cached): {', '.join(uncached[:8])}"
+                f"{', ...' if len(uncached) > 8 else ''}", flush=True)
     try:
         result = trainer.run()
     except Exception:
@@ -325,6 +330,15 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _data_parallel_uncached(cfg, plan) -> list[str]:
+    """Tables whose cache load factor asks for a cache that their data-parallel plan rules out."""
+    from .modules.storage import cache_factor, cached_tables
+
+    cached = set(cached_tables(cfg.model, cfg.storage, plan))
+    return [t.name for t in cfg.model.tables
+            if t.name not in cached and cache_factor(t, cfg.storage, plan[t.name].cache_load_factor) < 1]
+
+
 def intra_op_threads(local_ranks: int) -> tuple[int, str]:
     """Intra-op threads for each of ``local_ranks`` processes on this host, and why: the CPUs
     this process may use, shared by the local ranks, less what other work already keeps busy
@@ -344,15 +358,20 @@ def intra_op_threads(local_ranks: int) -> tuple[int, str]:
 
 def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
     """What can be checked before any rank starts, raising ValueError (one line, exit code 2):
-    the plan file (exists, fits the model and this world size), the kernel backend's name,
+    the plan file (exists, fits the model and this world size), the kernel backend (known and
+    available on this host),
     --local-world-size against --nproc, data files, and the output paths."""
     from pathlib import Path
 
-    from .kernels.registry import registered_backends
+    from .kernels.registry import available_backends, backend_unavailable_reason, registered_backends
 
     if cfg.train.kernel_backend not in ("auto", *registered_backends()):
         raise ValueError(f"train.kernel_backend: unknown backend {cfg.train.kernel_backend!r} "
                          f"(known: auto, {', '.join(registered_backends())})")
+    if cfg.train.kernel_backend != "auto" and backend_unavailable_reason(cfg.train.kernel_backend):
+        raise ValueError(f"embedding backend {cfg.train.kernel_backend!r} is not available here: "
+                         f"{backend_unavailable_reason(cfg.train.kernel_backend)} (available: "
+                         f"{', '.join(available_backends())})")
     L = args.local_world_size or nproc
     if nproc % L:
         raise ValueError(f"--local-world-size {L} does not divide --nproc {nproc}")

@@ -95,3 +95,38 @@ def test_replay_of_a_missing_trace_is_one_line(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "nosuchdir")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such trace file" in err[0], err
+
+
+def test_an_unavailable_backend_is_one_line_before_launch(monkeypatch, capsys):
+    """A registered backend that cannot run on this host (triton without CUDA or the interpreter)
+    is said once by the launcher, with why; it used to fail on every rank after launch."""
+    from neo_train.kernels import registry
+
+    monkeypatch.setitem(registry._BACKENDS, "nowhere", registry._Backend(lambda *a, **k: None, lambda: False, lambda: "needs a moon base"))
+    rc = main(["train", "--nproc", "2", "--preset", "tiny", "--steps", "2", "--log-dir", "none", "--backend", "nowhere"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert "'nowhere' is not available here: needs a moon base" in lines[0] and "reference" in lines[0], err
+    assert "starting" not in out
+
+
+def test_cached_tables_leave_out_data_parallel_ones():
+    """A cache load factor below 1 caches every table but the data-parallel ones (replicas are
+    never cached); the launcher names those in a note, and the run's summary reports a hit rate
+    only when some table is cached (it printed cache_hit_rate=nan when none was)."""
+    import dataclasses
+
+    from neo_train.cli import _data_parallel_uncached
+    from neo_train.modules.storage import cached_tables
+
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, cache_load_factor=0.5))
+    names = [t.name for t in cfg.model.tables]
+    assert cached_tables(cfg.model, cfg.storage) == names  # unsharded: every table
+    dp = ShardingPlan.uniform(cfg.model, "data_parallel", 2)
+    assert cached_tables(cfg.model, cfg.storage, dp) == [] and _data_parallel_uncached(cfg, dp) == names
+    tw = ShardingPlan.uniform(cfg.model, "table_wise", 2)
+    assert cached_tables(cfg.model, cfg.storage, tw) == names and _data_parallel_uncached(cfg, tw) == []
+    resident = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, cache_load_factor=1.0))
+    assert cached_tables(resident.model, resident.storage, tw) == [] and _data_parallel_uncached(resident, dp) == []

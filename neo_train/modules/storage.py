@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from ..config import StorageConfig, TableConfig
+from ..config import ModelConfig, StorageConfig, TableConfig
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
 from ..kernels.init import init_table_rows
 
-__all__ = ["TABLE_DTYPES", "table_dtype", "cache_factor", "cache_rows", "create_table_kernel", "init_kernel_table"]
+__all__ = ["TABLE_DTYPES", "table_dtype", "cache_factor", "cache_rows", "cached_tables", "create_table_kernel",
+           "init_kernel_table"]
 
 TABLE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -36,6 +37,20 @@ def cache_factor(table: TableConfig, storage: StorageConfig | None, plan_factor:
     if table.cache_load_factor is not None:
         return table.cache_load_factor
     return storage.cache_load_factor if storage is not None else 1.0
+
+
+def cached_tables(model: ModelConfig, storage: StorageConfig | None, plan: Any = None) -> list[str]:
+    """The tables whose shards are cached under ``plan`` (a ShardingPlan; None: unsharded): a
+    cache load factor below 1 (``cache_factor``), and not data-parallel (replicas are never
+    cached). Decided from the config and the plan alone, so every rank gets the same answer."""
+    out = []
+    for t in model.tables:
+        tp = plan[t.name] if plan is not None else None
+        if tp is not None and tp.sharding == "data_parallel":
+            continue
+        if cache_factor(t, storage, tp.cache_load_factor if tp is not None else None) < 1:
+            out.append(t.name)
+    return out
 
 
 def cache_rows(rows: int, factor: float) -> int:

@@ -572,12 +572,11 @@ class Trainer:
         return out
 
     def _any_cached_table(self) -> bool:
-        s = self.cfg.storage
+        """Whether any table is cached: the same answer on every rank (config and plan only)."""
+        from ..modules.storage import cached_tables
+
         plan = getattr(getattr(self.model, "embeddings", None), "plan", None)
-        factors = [t.cache_load_factor for t in plan.tables] if plan is not None else []
-        return (s.cache_load_factor < 1 or any(t.cache_load_factor is not None and t.cache_load_factor < 1
-                                               for t in self.cfg.model.tables)
-                or any(f is not None and f < 1 for f in factors))
+        return bool(cached_tables(self.cfg.model, self.cfg.storage, plan))
 
     def _log_breakdown(self, step: int) -> None:
         """TensorBoard: per-phase ms/step and bytes per collective tag per step, so far."""
