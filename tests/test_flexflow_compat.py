@@ -243,3 +243,32 @@ def test_slotted_rotorlb_ends_with_float_residue_at_an_intermediate():
     _, fluid = run_iteration(model, cluster, "opera", "dps", compat=cc, opera_options={"rotorlb": "fluid"})
     assert slotted["iteration_s"] == pytest.approx(fluid["iteration_s"], rel=1e-3)
     assert 2.3 < slotted["iteration_s"] < 2.6
+
+
+def test_opera_ring_rounds_follow_htsim_rotorlb():
+    """Opera + ring in the compat mode (default ``opera_ring='htsim'``): each ring all-reduce lasts
+    its 2(N-1) rounds (one under 1500 B per node) x htsim's RotorLB round for every ring's step
+    together, and reports its bytes; 'engine' flow-simulates the rings: shorter rounds."""
+    from neo_train.topology.rotorlb import htsim_ring_round
+
+    model, cl = _small(4, layers=2, width=256), _cluster(128)
+    opts = (("tries", 1),)
+    res, row = run_flexflow_iteration(model, cl, "opera", "ring", global_batch=128,
+                                      compat=FlexFlowCompat(table_ps_per_value=C_PS, opera_options=opts))
+    _, eng = run_flexflow_iteration(model, cl, "opera", "ring", global_batch=128,
+                                    compat=FlexFlowCompat(table_ps_per_value=C_PS, opera_options=opts,
+                                                          opera_ring="engine"))
+    it = build_flexflow_iteration(model, cl, "ring", 128, FlexFlowCompat(table_ps_per_value=C_PS))
+    rings = {p.name: p for p in it.phases if getattr(p, "collective", "") == "all_reduce"}
+    early = {n for n, p in rings.items() if p.payload / 128 < 1500}  # htsim: one round (the logit)
+    assert early == {"ar_top_2"}
+    step = sum(float(p.rounds[0].nbytes[p.rounds[0].src == 0].sum()) for n, p in rings.items() if n not in early)
+    tau = htsim_ring_round(make_network("opera", cl, opera_options=dict(opts)), step)
+    ars = [p for p in res.phases if p.kind == "all_reduce"]
+    assert sorted(p.name for p in ars) == sorted(rings)
+    for p in ars:
+        n = 1 if p.name in early else 254
+        assert p.rounds == n and p.duration == pytest.approx(n * tau)
+    assert sum(p.network_bytes for p in ars) == pytest.approx(row["allreduce_bytes"])
+    assert row["opera_ring"] == "htsim" and eng["opera_ring"] == "engine"
+    assert row["iteration_s"] > eng["iteration_s"]

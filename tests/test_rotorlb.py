@@ -243,3 +243,29 @@ def test_model_a_ring_on_opera_at_1024_nodes_collapses_as_in_the_study():
     assert time.perf_counter() - t < 120
     assert abs(row["iteration_s"] - 9.946) <= 0.25 * 9.946, row["iteration_s"]
     assert res.stats["memo_rounds"] > 3000
+
+
+# ---- htsim's RotorLB planner for ring rounds (the study's Opera simulator) ------------------------
+def test_htsim_ring_round_a_lone_packet_comes_back_a_cycle_later():
+    """Every step of a ring on 8 racks of 4 hosts: 3 of 4 stay in their rack, which RotorLB sends
+    through the rack it meets next; that rack meets them again one cycle later. A step of one
+    packet: a round is a cycle plus at most a slot and the alignment to the next superslice."""
+    from neo_train.topology.rotorlb import htsim_ring_round
+
+    net = OperaNetwork.from_nodes(32, 8)
+    r = htsim_ring_round(net, 1000)
+    assert net.cycle <= r <= net.cycle + net.window + 2 * net.superslice
+
+
+def test_htsim_ring_round_accepting_twice_the_relay_share_costs_a_cycle():
+    """htsim's intermediates accept up to twice what they may forward per matching: under load
+    the second half waits a cycle more (about two cycles per round instead of one)."""
+    from neo_train.topology.rotorlb import htsim_ring_round
+
+    net = OperaNetwork.from_nodes(32, 8)
+    one = htsim_ring_round(net, 400e3, accept_factor=1)
+    two = htsim_ring_round(net, 400e3)
+    assert two - one > 0.5 * net.cycle
+    assert 2 * net.cycle < two < 3 * net.cycle
+    with pytest.raises(ValueError, match="time-varying"):
+        htsim_ring_round(OperaNetwork.from_nodes(16, 8), 1000)

@@ -52,8 +52,14 @@ bag, D embedding dimension, G = 8 GPUs per node.
    ACK, tail retransmissions) are one fitted ``round_latency`` every flow pays, so every dependent
    round pays it once (``FatTree.flow_latency``).
 7. Opera: htsim's NDP / RotorLB with every flow on the bulk path (``-cutoff 0``), as
-   ``opera.py`` models it; ``opera_options`` are passed to ``OperaNetwork`` unchanged, so a
-   dependent-round RotorLB model there needs only its flag here. No TCP latency (NDP).
+   ``opera.py`` models it; ``opera_options`` are passed to ``OperaNetwork`` unchanged. No TCP
+   latency (NDP). Ring all-reduces (``opera_ring`` 'htsim', the default): htsim's RotorLB plans
+   host by host per superslice, sends same-rack steps through another rack, and accepts twice
+   what an intermediate forwards per matching, so a loaded ring round costs about two cycles;
+   ``rotorlb.htsim_ring_round`` emulates its planner for one round carrying every concurrent
+   ring's step, and each ring all-reduce lasts its rounds times that (its own lone bytes do not
+   load the flow simulation). 'engine' keeps the rings in the flow simulation (slotted RotorLB,
+   rack level), where concurrent rings share each round's circuit wait.
 
 Fit (``benchmarks/opera_study.py --compat flexflow --fit``; notes/flexflow_compat.md has the table),
 on the study's Model-A baseline only: c = 116.9 ps (490 ms per Model-A table) minimises the largest
@@ -116,6 +122,10 @@ class FlexFlowCompat:
     once per layer, so each round carries as many flows (and gets as large a fair share) as the
     layers' own all-reduces would. Model-A: 4 (the first top Linear, the 18 middle ones, the
     logit, the 19 bottom ones); tests/test_flexflow_compat.py checks it against 'layer'."""
+    opera_ring: str = "htsim"
+    """Ring all-reduces on Opera: 'htsim' (default): every dependent round lasts what htsim's
+    RotorLB planner gives a round carrying all concurrent rings' steps (``rotorlb.htsim_ring_round``,
+    an emulation of the study's code; no knob); 'engine': flow-simulated like the other traffic."""
 
     def __post_init__(self) -> None:
         c = self.table_ps_per_value
@@ -129,6 +139,8 @@ class FlexFlowCompat:
             raise ValueError(f"flexflow compat: round_latency must be in [0, 1] seconds, got {r!r}")
         if self.wire_bytes not in (1, 2, 4, 8):
             raise ValueError(f"flexflow compat: wire_bytes must be 1, 2, 4 or 8, got {self.wire_bytes!r}")
+        if self.opera_ring not in ("htsim", "engine"):
+            raise ValueError(f"flexflow compat: opera_ring must be 'htsim' or 'engine', got {self.opera_ring!r}")
         if self.allreduce_per not in ("group", "layer"):
             raise ValueError(f"flexflow compat: allreduce_per must be 'group' or 'layer', got {self.allreduce_per!r}")
         if self.routing not in ROUTINGS:
@@ -318,7 +330,13 @@ def run_flexflow_iteration(model: ModelConfig, cluster: ClusterSpec, network: st
         raise ValueError(f"--opera-option {sorted(opts)} given for a {network} network")
     net = make_network(network, cluster, bulk_threshold=bulk_threshold, vlb=vlb, seed=seed, routing=cc.routing,
                        flow_latency=cc.round_latency if network == "fattree" else 0.0, opera_options=opts)
-    res = simulate(it.phases, net, aggregate=aggregate, fast_forward=fast_forward, progress=progress)
+    phases, held = it.phases, {}
+    if network == "opera" and allreduce == "ring" and cc.opera_ring == "htsim" and net.time_varying:
+        phases, held = _htsim_rings(it.phases, net)
+    res = simulate(phases, net, aggregate=aggregate, fast_forward=fast_forward, progress=progress)
+    for p in res.phases:  # the emulated rings: report them as the all-reduces they are
+        if p.name in held:
+            p.kind, p.algorithm, p.rounds, p.network_bytes = "all_reduce", "ring", *held[p.name]
     a2a_b, ar_b = it.network_bytes["all_to_all"], it.network_bytes["all_reduce"]
     tot = res.totals()
     label = network + ("-ecmp" if network == "fattree" and cc.routing == "ecmp" else "")
@@ -333,9 +351,37 @@ def run_flexflow_iteration(model: ModelConfig, cluster: ClusterSpec, network: st
         "last_compute_end_s": max(p.end for p in res.phases if p.kind == "compute"),
         "table_ps_per_value": cc.table_ps_per_value, "round_latency_s": cc.round_latency,
         "opera_options": ";".join(f"{k}={v}" for k, v in cc.opera_options),
+        "opera_ring": cc.opera_ring if network == "opera" and allreduce == "ring" else "",
         "sim_wall_s": res.wall_seconds, "notes": "; ".join(it.notes),
     }
     return res, row
+
+
+HTSIM_EARLY_BYTES = 1500
+"""htsim's Opera ring ends a tensor under this many bytes per node after one round
+(``FFRingAllreduce``, ffsim-opera-v2/ffapp.cpp)."""
+
+
+def _htsim_rings(phases: list[Phase], net: Any) -> tuple[list[Phase], dict[str, tuple[int, float]]]:
+    """The ring all-reduces replaced by waits of their rounds x ``htsim_ring_round`` for one round
+    that carries every ring's step (the rings run concurrently, their flows to the next node share
+    its RotorLB queue); returns the phases and, per replaced name, (rounds, network bytes)."""
+    from .rotorlb import htsim_ring_round
+
+    rings = [p for p in phases if isinstance(p, Comm) and p.collective == "all_reduce" and p.rounds]
+    N = net.hosts
+    early = {p.name for p in rings if p.payload / N < HTSIM_EARLY_BYTES}
+    step = sum(float(p.rounds[0].nbytes[p.rounds[0].src == 0].sum()) for p in rings if p.name not in early)
+    tau = htsim_ring_round(net, step) if step > 0 else 0.0
+    out, held, ids = [], {}, {id(p) for p in rings}
+    for p in phases:
+        if id(p) in ids:
+            n = 1 if p.name in early else len(p.rounds)
+            held[p.name] = (n, p.network_bytes)
+            out.append(Compute(p.name, n * tau, p.after))
+        else:
+            out.append(p)
+    return out, held
 
 
 def compat_report(res: SimResult) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 
 from .opera import OperaNetwork
 
-__all__ = ["RotorLB"]
+__all__ = ["RotorLB", "htsim_ring_round"]
 
 Entries = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -350,3 +350,132 @@ def _ragged(ptr: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _empty() -> Entries:
     e = np.zeros(0, dtype=np.int64)
     return e, e, np.zeros(0)
+
+
+# ---- htsim's RotorLB planner, host by host, for the rounds of a ring all-reduce ----------------
+HTSIM_PAYLOAD, HTSIM_HEADER = 1436, 64
+"""htsim's RLB packet: payload and header bytes (``RlbModule``: ``_mss``, ``_hdr``)."""
+
+
+def htsim_ring_round(net: OperaNetwork, flow_bytes: float, rounds: int = 3, accept_factor: int = 2) -> float:
+    """Seconds per dependent round of a ring all-reduce (host h sends ``flow_bytes`` to h + 1, the
+    next round when all have arrived) under htsim's RotorLB planner, on an otherwise idle network.
+
+    The study's Opera htsim (usc-isi/STEAM-FlexFlow, branch 2024-euromlsys, ``ffsim-opera-v2/``;
+    read, not copied) runs every flow on RotorLB (``-cutoff 0``). ``RlbSrc::startflow`` (rlb.cpp)
+    puts a flow's packets at once into its host's queue for the destination host (one FIFO per
+    destination: concurrent flows to it share it). ``RlbMaster::newMatching`` (rlbmodule.cpp)
+    plans at every superslice boundary, for the rotor that just reconfigured, what each host of
+    rack a sends to the rack c it is now connected to during that matching (``slot_time`` =
+    (u-1) S + eps, each host at 1/u of its NIC: ``max_pkts`` packets): (1) relayed packets it
+    holds for c's hosts, at most max_pkts/d per destination host; (2) its own packets for c's
+    hosts; (3) proposals of its other own packets, same-rack destinations included (RotorLB has
+    no intra-rack path); c's hosts accept per final destination up to 2 max_pkts/d minus what they
+    hold for it (``phase2``, the "factor of two" its comment says may delay traffic by a cycle),
+    within their receive capacity. Packets sent in a matching reach c during it, so they can only
+    be relayed at a later matching of c with the destination rack. ``FFRingAllreduce``
+    (ffapp.cpp, ``ar_finish_ring``) starts the next round when all N flows have finished.
+
+    Emulated here in packet counts per superslice boundary (integer fair shares, the remainders to
+    the first hosts where htsim draws them at random; a sender's packets spread evenly over its
+    slot; the rotor schedule is ``net``'s). Returns the mean of rounds 2..``rounds`` (the first
+    starts at a boundary on an idle network). ``accept_factor`` 1 drops the factor of two."""
+    if not net.time_varying:
+        raise ValueError("htsim_ring_round needs a time-varying Opera network (racks > uplinks)")
+    if rounds < 2:
+        raise ValueError(f"htsim_ring_round: rounds must be >= 2, got {rounds}")
+    R, d, u = net.racks, net.hosts_per_rack, net.uplinks
+    H, S = R * d, net.superslice
+    slot = net.window
+    pkt_rate = net.host_bandwidth * HTSIM_PAYLOAD / (HTSIM_PAYLOAD + HTSIM_HEADER) / HTSIM_PAYLOAD
+    max_pkts = int(pkt_rate / u * slot)
+    fixed, room_cap = max_pkts // d, accept_factor * max_pkts // d
+    flow_pkts = max(1, math.ceil(flow_bytes / HTSIM_PAYLOAD))
+    hosts = np.arange(H).reshape(R, d)
+    succ = (np.arange(H) + 1) % H
+    own = np.zeros(H, dtype=np.int64)  # packets queued at each host for its successor
+    held = np.zeros((H, H), dtype=np.int64)  # relayed packets held at host i for final host l
+    arriving: dict[int, list] = {}  # boundary -> (host, final, packets) reaching a queue by then
+    ends, k, start = [], 0, 0.0
+    while len(ends) < rounds:
+        own[:] = flow_pkts
+        left, last = H * flow_pkts, start
+        k = max(k, math.ceil(start / S - 1e-9))
+        while left:
+            for i, l, n in arriving.pop(k, ()):
+                np.add.at(held, (i, l), n)
+            part = net.partner[net.matching_at(k % u, k)]
+            ra = np.flatnonzero(part != np.arange(R))
+            ha, hc = hosts[ra], hosts[part[ra]]  # (m, d): hosts of each rack a and of its new c
+            t0 = k * S
+            send = np.full(H, max_pkts, dtype=np.int64)
+            recv = np.full(H, max_pkts, dtype=np.int64)
+            sent = []
+            # (1) relays held at a's hosts for c's hosts
+            n1 = np.minimum(held[ha[:, :, None], hc[:, None, :]], fixed)
+            held[ha[:, :, None], hc[:, None, :]] -= n1
+            send[ha] -= n1.sum(2)
+            recv[hc] -= n1.sum(1)
+            sent.append(n1[n1 > 0])
+            # (2) own packets for a host of c (the ring step that crosses into c)
+            fa = succ[ha]
+            direct = fa // d == part[ra][:, None]
+            n2 = np.where(direct, np.minimum(np.minimum(own[ha], send[ha]), recv[fa]), 0)
+            own[ha] -= n2
+            send[ha] -= n2
+            np.subtract.at(recv, fa[direct], n2[direct])
+            sent.append(n2[n2 > 0])
+            # (3) proposals, and c's hosts accept up to room_cap per final less what they hold
+            prop = np.where(direct, 0, np.minimum(own[ha], send[ha]))
+            mine = np.where(succ[hc][:, None, :] == fa[:, :, None], own[hc][:, None, :], 0)
+            room = np.maximum(room_cap - held[hc[:, None, :], fa[:, :, None]] - mine, 0)
+            acc = np.swapaxes(_fair(np.swapaxes(np.minimum(prop[:, :, None], room), 1, 2), recv[hc]), 1, 2)
+            take = np.minimum(acc.sum(2), np.minimum(own[ha], send[ha]))
+            n3 = _split(acc, take)
+            own[ha] -= n3.sum(2)
+            m, j, i = np.nonzero(n3)
+            if m.size:  # packet q of a sender planned at rate acc reaches c at q slot / acc
+                n, rate = n3[m, j, i], acc[m, j, i]
+                src, dst = ha[m, j], hc[m, i]
+                before = np.zeros_like(n)
+                for q in range(u + 1):
+                    upto = np.minimum(n, np.ceil((q + 1) * S * rate / slot - 1e-9).astype(np.int64))
+                    new = upto - before
+                    if new.any():
+                        arriving.setdefault(k + 1 + q, []).append((dst[new > 0], succ[src][new > 0], new[new > 0]))
+                    before = upto
+            done = np.concatenate(sent)
+            if done.size:  # delivered: a sender's last packet (n - 1) / n into its slot
+                left -= int(done.sum())
+                last = max(last, t0 + float((slot * (done - 1) / done).max()))
+            k += 1
+        start = last + 2 * net.hop_latency
+        ends.append(start)
+    return (ends[-1] - ends[0]) / (rounds - 1)
+
+
+def _fair(demand: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Integer max-min shares of ``demand`` (..., n) under ``cap`` (...) by water-filling, the
+    remainders one each to the first elements still short (htsim: ``fairshare1d`` with extra)."""
+    out = np.zeros_like(demand)
+    c = cap.astype(np.int64).copy()
+    for _ in range(demand.shape[-1] + 1):
+        short = demand > out
+        na = short.sum(-1)
+        give = np.where(short, np.minimum(demand - out, (c // np.maximum(na, 1))[..., None]), 0)
+        if not give.any():
+            break
+        out += give
+        c -= give.sum(-1)
+    short = demand > out
+    return out + (short & (np.cumsum(short, -1) <= c[..., None]))
+
+
+def _split(acc: np.ndarray, take: np.ndarray) -> np.ndarray:
+    """``take`` (...) packets split over the senders in proportion to their planned ``acc``
+    (..., n), in integers (largest remainders first): htsim fills a commit queue by send time."""
+    tot = acc.sum(-1)
+    share = acc * (take / np.maximum(tot, 1))[..., None]
+    out = np.floor(share).astype(np.int64)
+    rank = np.argsort(np.argsort(out - share, axis=-1), axis=-1)  # largest remainder first
+    return out + ((rank < (take - out.sum(-1))[..., None]) & (acc > out))
