@@ -897,7 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_measured(measured, base)
     print(f"\n## where the step goes at Zipf {GOAL['zipf']:g}: ms per measured step, mean over ranks "
           f"(Trainer.step_breakdown; input_dist = starting the next batch's + waiting for this one's; emb_comm_bwd "
-          f"includes the replicas' dense all-reduce, bwd_other their counts and sparse all-gather; dp_grad_* = the "
+          f"includes the replicas' gradient sync (every dp_grad_* collective); dp_grad_* = the "
           f"three collectives' wall time; hot_rows_* = the switches' collectives; ms/step is the "
           f"median of the slowest rank, the phases are means)")  # fmt: skip
     print_breakdown(measured)
