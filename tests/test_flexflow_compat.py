@@ -211,6 +211,7 @@ def test_simulate_command_compat(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,what", [
     (("--table-ps-per-value", "50"), "apply to --compat flexflow only"),
+    (("--opera-ring", "engine"), "apply to --compat flexflow only"),
     (("--compat", "flexflow", "--placement", "planner"), "--placement planner"),
     (("--compat", "flexflow", "--input-dist"), "--input-dist"),
     (("--compat", "flexflow", "--allreduce", "hier_ring"), "hier_"),
@@ -272,3 +273,11 @@ def test_opera_ring_rounds_follow_htsim_rotorlb():
     assert sum(p.network_bytes for p in ars) == pytest.approx(row["allreduce_bytes"])
     assert row["opera_ring"] == "htsim" and eng["opera_ring"] == "engine"
     assert row["iteration_s"] > eng["iteration_s"]
+
+
+def test_simulate_command_opera_ring_flag():
+    """``--opera-ring`` reaches the compat mode (the summary row names the model that ran)."""
+    from neo_train.topology.study import _compat_from_args
+
+    assert _compat_from_args(_args("--compat", "flexflow")).opera_ring == "htsim"
+    assert _compat_from_args(_args("--compat", "flexflow", "--opera-ring", "engine")).opera_ring == "engine"

@@ -174,6 +174,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--round-latency-us", type=nonnegative_float,
                    help=f"--compat flexflow: fat-tree TCP latency per dependent round, microseconds; default "
                         f"{FIT_ROUND_LATENCY * 1e6:g} (fitted)")
+    p.add_argument("--opera-ring", choices=("htsim", "engine"),
+                   help="--compat flexflow, Opera + ring: 'htsim' (default) every dependent round lasts what the "
+                        "study's RotorLB planner gives it (rotorlb.htsim_ring_round); 'engine' flow-simulates the "
+                        "rings like the other traffic (concurrent rings share each round's circuit wait)")
     add_trace_arguments(p)
     p.add_argument("--exact", action="store_true", help="every flow alone, no fast-forward (slow; a check)")
     p.add_argument("--seed", type=int, default=0, help="Opera schedule search seed")
@@ -200,7 +204,8 @@ def _check_out_dir(out: Path) -> None:
 def _compat_from_args(args: argparse.Namespace) -> FlexFlowCompat | None:
     """The compat mode's knobs from the flags; flags that contradict the mode (or its knobs
     without the mode) are a one-line ValueError."""
-    knobs = {"--table-ps-per-value": args.table_ps_per_value, "--round-latency-us": args.round_latency_us}
+    knobs = {"--table-ps-per-value": args.table_ps_per_value, "--round-latency-us": args.round_latency_us,
+             "--opera-ring": args.opera_ring}
     if args.compat is None:
         given = [k for k, v in knobs.items() if v is not None]
         if given:
@@ -216,7 +221,7 @@ def _compat_from_args(args: argparse.Namespace) -> FlexFlowCompat | None:
                          "cannot be combined with it")
     return FlexFlowCompat.named(args.compat, table_ps_per_value=args.table_ps_per_value,
                                 round_latency=None if args.round_latency_us is None else args.round_latency_us * 1e-6,
-                                routing=args.routing)
+                                routing=args.routing, opera_ring=args.opera_ring)
 
 
 def _plan_from_args(args: argparse.Namespace) -> ShardingPlan | None:
