@@ -339,6 +339,25 @@ def test_latest_naming_a_damaged_or_outside_checkpoint_is_an_error(tmp_path):
         find_latest(tmp_path)
 
 
+
+def test_a_damaged_newest_checkpoint_names_the_older_complete_one(tmp_path):
+    """Resuming from a newest checkpoint whose file is damaged fails (hashes are checked on load)
+    and says which older checkpoint is complete and how to resume from it; doing so works."""
+    cfg = _cfg()
+    t = Trainer(cfg, progress=False)
+    _train(t, 0, 1)
+    save_checkpoint(t, checkpoint_dir(tmp_path, 1), 1)
+    _train(t, 1, 2)
+    second = save_checkpoint(t, checkpoint_dir(tmp_path, 2), 2)
+    data = bytearray((second / "__0_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (second / "__0_0.distcp").write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"'__0_0.distcp'.*an older checkpoint, step_00000001, is complete"):
+        resume_from_latest(Trainer(cfg, progress=False), tmp_path)
+    shutil.move(second, tmp_path.parent / "damaged")
+    (tmp_path / "latest").unlink()
+    assert resume_from_latest(Trainer(cfg, progress=False), tmp_path)[0] == 1
+
 def _run_to(tmp_path, steps, **kw):
     cfg = _cfg()
     cfg = cfg.replace(train=cfg.train.replace(steps=steps, checkpoint_dir=str(tmp_path / "ck"), log_every=1, **kw))

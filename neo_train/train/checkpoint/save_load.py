@@ -167,7 +167,22 @@ def resume_from_latest(trainer: "Trainer", root: str | Path) -> tuple[int, int]:
     _same_on_all_ranks(trainer.comm, str(step).encode(), f"ranks found different latest checkpoints under {root}")
     if latest is None:
         return 0, 0
-    return load_checkpoint(trainer, latest), data_start_batch(latest, trainer.world_size, trainer.cfg.train.batch_size)
+    try:
+        step = load_checkpoint(trainer, latest)
+    except CheckpointError as e:
+        older = _older_complete(root, latest)
+        if older is None:
+            raise
+        raise CheckpointError(f"{e} (an older checkpoint, {older.name}, is complete: move {latest.name} out of "
+                              f"{root} and remove {Path(root) / LATEST} to resume from it)") from e
+    return step, data_start_batch(latest, trainer.world_size, trainer.cfg.train.batch_size)
+
+
+def _older_complete(root: str | Path, newest: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` other than ``newest`` (None if none)."""
+    steps = [(int(m.group(1)), c) for c in Path(root).glob("step_*")
+             if (m := re.fullmatch(r"step_(\d+)", c.name)) and c != newest and (c / MANIFEST).is_file()]
+    return max(steps, key=lambda sc: sc[0])[1] if steps else None
 
 
 def load_history(directory: str | Path) -> dict[str, Any] | None:
