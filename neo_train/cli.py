@@ -257,6 +257,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import torch
 
     from .kernels import backend_report
+    from .modules.storage import table_dtype
     from .train import Trainer
 
     cfg = config_from_args(args)  # validate before starting any rank
@@ -294,7 +295,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"neo-train: {cfg.name} | {len(cfg.model.tables)} tables, "
         f"{cfg.model.num_embedding_params / 1e6:.2f}M embedding params | {world} rank(s), device {device} | "
-        f"kernel backend {trainer.backend} ({backend_report(device)})", flush=True)
+        f"kernel backend {trainer.backend} ({backend_report(device, table_dtype(cfg.storage))})", flush=True)
     say(f"neo-train: {threads} intra-op thread(s) per rank ({why}; NEO_TRAIN_THREADS overrides)", flush=True)
     if plan is not None:
         say(plan.describe() if len(plan.tables) <= 40 else f"plan: {len(plan.tables)} tables over {world} ranks")
@@ -363,7 +364,7 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
     --local-world-size against --nproc, data files, and the output paths."""
     from pathlib import Path
 
-    from .kernels.registry import available_backends, backend_unavailable_reason, registered_backends
+    from .kernels.registry import available_backends, backend_unavailable_reason, dtype_refusal, registered_backends
 
     if cfg.train.kernel_backend not in ("auto", *registered_backends()):
         raise ValueError(f"train.kernel_backend: unknown backend {cfg.train.kernel_backend!r} "
@@ -372,6 +373,15 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
         raise ValueError(f"embedding backend {cfg.train.kernel_backend!r} is not available here: "
                          f"{backend_unavailable_reason(cfg.train.kernel_backend)} (available: "
                          f"{', '.join(available_backends())})")
+    if cfg.train.kernel_backend != "auto":
+        from .modules.storage import table_dtype
+
+        refusal = dtype_refusal(cfg.train.kernel_backend, table_dtype(cfg.storage))
+        if refusal:
+            can = [n for n in available_backends() if not dtype_refusal(n, table_dtype(cfg.storage))]
+            raise ValueError(f"--table-dtype {cfg.storage.table_dtype}: kernel backend '{cfg.train.kernel_backend}' "
+                             f"{refusal} (backends here that store it: {', '.join(can) or 'none'}; --backend auto "
+                             f"picks one)")
     L = args.local_world_size or nproc
     if nproc % L:
         raise ValueError(f"--local-world-size {L} does not divide --nproc {nproc}")

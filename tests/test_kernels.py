@@ -393,6 +393,20 @@ def test_registry_defaults_and_report() -> None:
     assert m.backend_name == expected
     assert create_embedding_bag("auto", [TableSpec(4, 4)], SparseOptimizerSpec("sgd")).backend_name == expected
 
+def test_auto_passes_over_a_backend_that_cannot_store_the_table_dtype() -> None:
+    """``auto`` with bf16 tables skips fbgemm (fp32/fp16 only) and says so; reference stores it."""
+    from neo_train.kernels.registry import backend_weight_dtypes, default_backend_reason, dtype_refusal
+
+    assert torch.bfloat16 in backend_weight_dtypes("reference") and dtype_refusal("reference", torch.bfloat16) == ""
+    assert default_backend("cpu", torch.bfloat16) == "reference"
+    m = create_embedding_bag(None, [TableSpec(4, 4)], SparseOptimizerSpec("sgd"), weight_dtype=torch.bfloat16)
+    assert m.backend_name == "reference" and m.weight_dtype == torch.bfloat16
+    if "fbgemm" in available_backends():
+        assert dtype_refusal("fbgemm", torch.bfloat16) == "stores float32, float16 tables only, not bfloat16"
+        assert "fbgemm: stores float32, float16 tables only" in default_backend_reason("cpu", torch.bfloat16)
+        assert default_backend("cpu", torch.float16) == "fbgemm"
+
+
 
 def test_registry_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"'nope' is not available.*Available here: \['reference'"):

@@ -130,3 +130,17 @@ def test_cached_tables_leave_out_data_parallel_ones():
     assert cached_tables(cfg.model, cfg.storage, tw) == names and _data_parallel_uncached(cfg, tw) == []
     resident = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, cache_load_factor=1.0))
     assert cached_tables(resident.model, resident.storage, tw) == [] and _data_parallel_uncached(resident, dp) == []
+
+
+def test_a_backend_that_cannot_store_the_table_dtype_is_one_line_before_launch(capsys):
+    from neo_train.kernels import available_backends
+
+    if "fbgemm" not in available_backends():
+        pytest.skip("fbgemm does not import here")
+    rc = main(["train", "--nproc", "2", "--preset", "tiny", "--steps", "2", "--log-dir", "none", "--backend", "fbgemm",
+               "--table-dtype", "bf16"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert "--table-dtype bf16: kernel backend 'fbgemm' stores float32, float16 tables only" in lines[0], err
+    assert "that store it: reference" in lines[0] and "starting" not in out

@@ -31,6 +31,8 @@ __all__ = [
     "create_embedding_bag",
     "backend_report",
     "backend_unavailable_reason",
+    "backend_weight_dtypes",
+    "dtype_refusal",
 ]
 
 # factory(tables, optimizer, *, feature_table_map, feature_names, device, weight_dtype, seed)
@@ -49,6 +51,7 @@ class _Backend:
     factory: BackendFactory
     available: Callable[[], bool]
     reason: Callable[[], str]  # why it is unavailable ("" when available)
+    weight_dtypes: Callable[[], tuple[torch.dtype, ...]] | None = None  # the table dtypes it stores; None: not said
 
 
 _BACKENDS: dict[str, _Backend] = {}
@@ -59,9 +62,13 @@ def register_backend(
     factory: BackendFactory,
     available: Callable[[], bool],
     reason: Callable[[], str] | None = None,
+    weight_dtypes: Callable[[], tuple[torch.dtype, ...]] | None = None,
 ) -> None:
-    """Register (or replace) a backend. ``available`` should be cheap after its first call."""
-    _BACKENDS[name] = _Backend(factory, available, reason or (lambda: "its availability check returned False"))
+    """Register (or replace) a backend. ``available`` should be cheap after its first call;
+    ``weight_dtypes`` (optional) names the table dtypes it stores, so ``auto`` passes over it for
+    the others and a named backend is refused before any kernel is built."""
+    _BACKENDS[name] = _Backend(factory, available, reason or (lambda: "its availability check returned False"),
+                               weight_dtypes)
 
 
 def _is_available(name: str) -> bool:
@@ -88,12 +95,30 @@ def backend_unavailable_reason(name: str) -> str:
     return "" if _is_available(name) else _BACKENDS[name].reason()
 
 
-def _passed_over(name: str, device_type: str) -> str:
-    """Why ``auto`` passes over ``name`` on this device type ("" when it would take it)."""
+def backend_weight_dtypes(name: str) -> tuple[torch.dtype, ...] | None:
+    """The table dtypes backend ``name`` stores (None: the backend does not say)."""
+    b = _BACKENDS.get(name)
+    return None if b is None or b.weight_dtypes is None else tuple(b.weight_dtypes())
+
+
+def dtype_refusal(name: str, weight_dtype: torch.dtype) -> str:
+    """Why backend ``name`` cannot store tables of ``weight_dtype`` ("" when it can or does not say)."""
+    dtypes = backend_weight_dtypes(name)
+    if dtypes is None or weight_dtype in dtypes:
+        return ""
+    names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+    return f"stores {names} tables only, not {str(weight_dtype).removeprefix('torch.')}"
+
+
+def _passed_over(name: str, device_type: str, weight_dtype: torch.dtype = torch.float32) -> str:
+    """Why ``auto`` passes over ``name`` on this device type for tables of ``weight_dtype`` ("" when
+    it would take it)."""
     if name not in _BACKENDS:
         return "not registered"
     if not _is_available(name):
         return _BACKENDS[name].reason()
+    if dtype_refusal(name, weight_dtype):
+        return dtype_refusal(name, weight_dtype)
     if device_type == "cuda":
         if name == "triton" and TRITON_GPU_VERIFIED is None:
             return (
@@ -105,27 +130,29 @@ def _passed_over(name: str, device_type: str) -> str:
     return ""
 
 
-def _choose(device: torch.device | str) -> tuple[str, list[str]]:
-    """(the default backend for ``device``, "name: why not" for each one passed over first)."""
+def _choose(device: torch.device | str, weight_dtype: torch.dtype = torch.float32) -> tuple[str, list[str]]:
+    """(the default backend for ``device`` and tables of ``weight_dtype``, "name: why not" for each
+    one passed over first)."""
     device_type = torch.device(device).type
     passed: list[str] = []
     for name in _PRIORITY_CUDA if device_type == "cuda" else _PRIORITY_CPU:
-        why = _passed_over(name, device_type)
+        why = _passed_over(name, device_type, weight_dtype)
         if not why:
             return name, passed
         passed.append(f"{name}: {why}")
     return "reference", passed
 
 
-def default_backend(device: torch.device | str = "cpu") -> str:
-    """The fastest available backend for ``device`` that ``auto`` may pick (see the module docstring)."""
-    return _choose(device)[0]
+def default_backend(device: torch.device | str = "cpu", weight_dtype: torch.dtype = torch.float32) -> str:
+    """The fastest available backend for ``device`` and tables of ``weight_dtype`` that ``auto``
+    may pick (see the module docstring)."""
+    return _choose(device, weight_dtype)[0]
 
 
-def default_backend_reason(device: torch.device | str = "cpu") -> str:
-    """Why ``default_backend(device)`` is what it is, e.g. on CUDA: "triton: not yet verified on a
-    GPU (...); fbgemm: fbgemm_gpu failed to import (...); using reference"."""
-    name, passed = _choose(device)
+def default_backend_reason(device: torch.device | str = "cpu", weight_dtype: torch.dtype = torch.float32) -> str:
+    """Why ``default_backend(device, weight_dtype)`` is what it is, e.g. on CUDA: "triton: not yet
+    verified on a GPU (...); fbgemm: fbgemm_gpu failed to import (...); using reference"."""
+    name, passed = _choose(device, weight_dtype)
     note = ""
     if name == "triton" and TRITON_GPU_VERIFIED is not None:
         note = f" (GPU tier passed on {TRITON_GPU_VERIFIED.get('gpu', '?')}, {TRITON_GPU_VERIFIED.get('date', '?')})"
@@ -144,9 +171,9 @@ def create_embedding_bag(
     seed: int = 0,
     **options: object,
 ) -> FusedEmbeddingBag:
-    """Build a backend by name; None or "auto" picks ``default_backend(device)``. ``options``
-    go to the backend's constructor (e.g. triton's ``stochastic_rounding``)."""
-    name = default_backend(device) if backend in (None, "auto") else backend
+    """Build a backend by name; None or "auto" picks ``default_backend(device, weight_dtype)``.
+    ``options`` go to the backend's constructor (e.g. triton's ``stochastic_rounding``)."""
+    name = default_backend(device, weight_dtype) if backend in (None, "auto") else backend
     assert name is not None
     if name not in _BACKENDS or not _is_available(name):
         raise ValueError(
@@ -165,14 +192,14 @@ def create_embedding_bag(
     )
 
 
-def backend_report(device: torch.device | str = "cpu") -> str:
+def backend_report(device: torch.device | str = "cpu", weight_dtype: torch.dtype = torch.float32) -> str:
     """One line for logs, e.g. 'kernel backends: reference, fbgemm (default: fbgemm); default on
-    cpu: using fbgemm'."""
-    line = f"kernel backends: {', '.join(available_backends())} (default: {default_backend(device)})"
+    cpu: using fbgemm' (for tables of ``weight_dtype``)."""
+    line = f"kernel backends: {', '.join(available_backends())} (default: {default_backend(device, weight_dtype)})"
     missing = [n for n in _BACKENDS if not _is_available(n)]
     if missing:
         line += "; unavailable: " + "; ".join(f"{n} ({backend_unavailable_reason(n)})" for n in missing)
-    return line + f"; default on {torch.device(device).type}: {default_backend_reason(device)}"
+    return line + f"; default on {torch.device(device).type}: {default_backend_reason(device, weight_dtype)}"
 
 
 # ---- built-in backends ---------------------------------------------------------------------
@@ -207,12 +234,19 @@ def _lazy_factory(module: str, cls: str) -> BackendFactory:
     return factory
 
 
-register_backend("reference", _lazy_factory(".reference", "ReferenceEmbeddingBag"), lambda: True)
+def _lazy_dtypes(module: str, cls: str) -> Callable[[], tuple[torch.dtype, ...]]:
+    """The class's ``supported_weight_dtypes`` (its module imports no optional library at import)."""
+    return lambda: getattr(importlib.import_module(module, __package__), cls).supported_weight_dtypes
+
+
+register_backend("reference", _lazy_factory(".reference", "ReferenceEmbeddingBag"), lambda: True,
+                 weight_dtypes=_lazy_dtypes(".reference", "ReferenceEmbeddingBag"))
 register_backend(
     "fbgemm",
     _lazy_factory(".fbgemm_backend", "FbgemmEmbeddingBag"),
     lambda: _fbgemm_probe() == "",
     _fbgemm_probe,
+    weight_dtypes=_lazy_dtypes(".fbgemm_backend", "FbgemmEmbeddingBag"),
 )
 
 
@@ -230,4 +264,5 @@ register_backend(
     _lazy_factory(".triton_backend", "TritonEmbeddingBag"),
     lambda: _triton_reason() == "",
     _triton_reason,
+    weight_dtypes=_lazy_dtypes(".triton_backend", "TritonEmbeddingBag"),
 )

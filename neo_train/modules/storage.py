@@ -77,7 +77,7 @@ def create_table_kernel(
     from ..kernels.registry import default_backend
 
     dtype = table_dtype(storage)
-    name = default_backend(device) if backend in (None, "auto") else backend
+    name = default_backend(device, dtype) if backend in (None, "auto") else backend
     options = {}
     if storage is not None and storage.stochastic_rounding:
         if name != "triton":
