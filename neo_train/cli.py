@@ -299,6 +299,16 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     say(f"neo-train: {threads} intra-op thread(s) per rank ({why}; NEO_TRAIN_THREADS overrides)", flush=True)
     if plan is not None:
         say(plan.describe() if len(plan.tables) <= 40 else f"plan: {len(plan.tables)} tables over {world} ranks")
+        hot = trainer.hot.k if trainer.hot is not None else {}
+        if hot:
+            say(f"neo-train: hot-row replication ({cfg.dist.hot_rows}): "
+                + ", ".join(f"{t} k={k}" for t, k in list(hot.items())[:12]) + (", ..." if len(hot) > 12 else "")
+                + f"; re-profiled every {cfg.dist.hot_rows_window} steps", flush=True)
+        elif cfg.dist.hot_rows != "off":
+            say(f"neo-train: note: --hot-rows {cfg.dist.hot_rows} replicates no table here (eligible: table-wise, "
+                "row-wise or table-row-wise, sum pooling, resident, more rows than k; auto: only where the "
+                "expected all-to-all saving exceeds the replicas' sync; `neo-train plan --hot-rows` shows why)",
+                flush=True)
         uncached = _data_parallel_uncached(cfg, plan)
         if uncached:
             say(f"neo-train: note: {len(uncached)} table(s) with a cache load factor below 1 are data-parallel "
