@@ -63,20 +63,33 @@ def _plan_with(table_plan: TablePlan, W=2, L=2) -> ShardingPlan:
 @pytest.mark.parametrize(
     "plan, match",
     [
-        (ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables[:3]), r"does not place table\(s\) \['d'\]"),
+        (ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables[:3]), r"does not place table\(s\) 'd'$"),
         (_plan_with(TablePlan("a", ShardingType.TABLE_WISE, (Shard(2, 0, 10, 0, 4),))), "table 'a'.*rank 2"),
         (_plan_with(TablePlan("c", ShardingType.ROW_WISE, (Shard(0, 0, 50, 0, 8), Shard(1, 60, 100, 0, 8)))), r"table 'c'.*rows \[50, 60\)"),
         (_plan_with(TablePlan("c", ShardingType.ROW_WISE, (Shard(0, 0, 60, 0, 8), Shard(0, 60, 100, 0, 8)))), "table 'c'.*one rank"),
         (_plan_with(TablePlan("a", ShardingType.COLUMN_WISE, (Shard(0, 0, 10, 0, 3),))), r"table 'a'.*columns \[3, 4\)"),
         (_plan_with(TablePlan("a", ShardingType.DATA_PARALLEL, (Shard(0, 0, 10, 0, 4),))), "table 'a'.*every rank"),
         (_plan_with(TablePlan("c", ShardingType.TABLE_ROW_WISE, (Shard(1, 0, 50, 0, 8), Shard(2, 50, 100, 0, 8))), W=4, L=2), "table 'c'.*span nodes"),
-        (ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables + (TablePlan("zz", ShardingType.TABLE_WISE, (Shard(0, 0, 1, 0, 1),)),)), r"table\(s\) \['zz'\] that the model does not have"),
+        (ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables + (TablePlan("zz", ShardingType.TABLE_WISE, (Shard(0, 0, 1, 0, 1),)),)), r"table\(s\) 'zz' that the model does not have"),
     ],
 )
 def test_bad_plans_name_the_table(plan, match):
     with pytest.raises(ValueError, match=match):
         plan.validate(MODEL)
 
+
+
+def test_a_plan_for_another_model_says_so_in_one_short_line():
+    """A plan of 40 tables none of which the model has: "another model", the first names and a
+    count, not 40 names (a Model-A plan listed 1000 in one error)."""
+    other = ModelConfig(tuple(TableConfig(f"x{i}", 10, 4) for i in range(40)), bottom_mlp=(4,), interaction="cat")
+    plan = ShardingPlan.uniform(other, "table_wise", 2)
+    with pytest.raises(ValueError, match=r"plan is for another model: none of its 40 tables \('x0', .* and 32 more\) "
+                                         r"is in this model's 4 \('a', 'b', 'c', 'd'\)$"):
+        plan.validate(MODEL)
+    extra = ShardingPlan(2, 2, ShardingPlan.uniform(MODEL, "table_wise", 2).tables + plan.tables)
+    with pytest.raises(ValueError, match=r"table\(s\) 'x0', 'x1', .* and 32 more that the model does not have$"):
+        extra.validate(MODEL)
 
 def test_world_size_mismatch():
     plan = ShardingPlan.uniform(MODEL, "row_wise", 4, 2)

@@ -566,7 +566,7 @@ def test_handed_plan_is_simulated_as_given():
     assert it.plan == skewed and it.compute != by_rr.compute
     with pytest.raises(ValueError, match="plan is for world size 8, but the job has 16 ranks"):
         IterationSpec(model, cluster_for("opera_study", 8, gpus_per_node=2), 4096, plan=rr)
-    with pytest.raises(ValueError, match=r"plan does not place table\(s\) \['t23'\]"):
+    with pytest.raises(ValueError, match=r"plan does not place table\(s\) 't23'$"):
         IterationSpec(model, cluster, 4096, plan=ShardingPlan(8, 2, rr.tables[:-1]))
 
 

@@ -22,7 +22,13 @@ from typing import Iterable, Mapping
 
 from ..config import ModelConfig
 
-__all__ = ["ShardingType", "Shard", "TablePlan", "ShardingPlan", "even_splits", "column_splits"]
+__all__ = ["ShardingType", "Shard", "TablePlan", "ShardingPlan", "even_splits", "column_splits", "brief_names"]
+
+
+def brief_names(names: list[str], most: int = 8) -> str:
+    """Up to ``most`` names quoted, then how many more: error messages stay one readable line."""
+    shown = ", ".join(f"'{n}'" for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 class ShardingType(str, Enum):
@@ -131,16 +137,20 @@ class ShardingPlan:
                 f"plan is for {self.local_world_size} ranks per node, but the job has {local_world_size}"
             )
         names = [tp.table for tp in self.tables]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        seen: set[str] = set()
+        dup = sorted({n for n in names if n in seen or seen.add(n)})
         if dup:
-            raise ValueError(f"plan lists table(s) {dup} more than once")
+            raise ValueError(f"plan lists table(s) {brief_names(dup)} more than once")
         model_names = {t.name for t in model.tables}
         unknown = sorted(set(names) - model_names)
+        if unknown and len(unknown) == len(names):
+            raise ValueError(f"plan is for another model: none of its {len(names)} tables ({brief_names(unknown)}) is "
+                             f"in this model's {len(model_names)} ({brief_names(sorted(model_names))})")
         if unknown:
-            raise ValueError(f"plan names table(s) {unknown} that the model does not have")
-        missing = [t.name for t in model.tables if t.name not in names]
+            raise ValueError(f"plan names table(s) {brief_names(unknown)} that the model does not have")
+        missing = [t.name for t in model.tables if t.name not in seen]
         if missing:
-            raise ValueError(f"plan does not place table(s) {missing}")
+            raise ValueError(f"plan does not place table(s) {brief_names(missing)}")
         for t in model.tables:
             self._validate_table(self[t.name], t.num_rows, t.dim)
 

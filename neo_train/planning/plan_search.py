@@ -38,7 +38,7 @@ from ..config import ModelConfig
 from ..topology.spec import ClusterSpec
 from .cost_model import CostContext
 from .loads import GROUP_OF, RankLoads, TableArrays, _max_excluding_self, row_ranges
-from .plan import Shard, ShardingPlan, ShardingType, TablePlan, even_splits
+from .plan import Shard, ShardingPlan, ShardingType, TablePlan, brief_names, even_splits
 from .plan_explain import Fix, explain_infeasible
 
 __all__ = ["TableConstraint", "PlannerOptions", "PlanningError"]
@@ -143,7 +143,7 @@ class _Planner:
         self.cap = self.L.capacity(opts.memory_fraction) * cap_scale if cap_scale < math.inf else math.inf
         unknown = sorted(set(constraints) - set(self.t.names))
         if unknown:
-            raise ValueError(f"constraints name table(s) {unknown} that the model does not have")
+            raise ValueError(f"constraints name table(s) {brief_names(unknown)} that the model does not have")
         self.cons = [constraints.get(n, TableConstraint()) for n in self.t.names]
         for n, c in zip(self.t.names, self.cons):
             bad = [r for r in (c.ranks or ()) if not 0 <= r < self.W]
