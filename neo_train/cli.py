@@ -343,7 +343,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _data_parallel_uncached(cfg, plan) -> list[str]:
     """Tables whose cache load factor asks for a cache that their data-parallel plan rules out."""
-    from .modules.storage import cache_factor, cached_tables
+    from .config import cache_factor
+    from .modules.storage import cached_tables
 
     cached = set(cached_tables(cfg.model, cfg.storage, plan))
     return [t.name for t in cfg.model.tables

@@ -26,6 +26,7 @@ __all__ = [
     "DataConfig",
     "DistConfig",
     "StorageConfig",
+    "cache_factor",
     "Config",
     "preset",
     "PRESETS",
@@ -396,6 +397,15 @@ class StorageConfig(_Replace):
             "applies to fp16/bf16 tables only (storage.table_dtype is fp32)",
         )
 
+
+
+def cache_factor(table: TableConfig, storage: StorageConfig | None, plan_factor: float | None = None) -> float:
+    """The cache load factor of a table: the plan's, else the table's, else the storage default."""
+    if plan_factor is not None:
+        return plan_factor
+    if table.cache_load_factor is not None:
+        return table.cache_load_factor
+    return storage.cache_load_factor if storage is not None else 1.0
 
 @dataclass(frozen=True)
 class Config(_Replace):

@@ -7,11 +7,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..config import StorageConfig, TableConfig
+from ..config import StorageConfig, TableConfig, cache_factor
 from ..data.batch import SparseFeatures
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
 from ..kernels.init import init_table
-from .storage import cache_factor, create_table_kernel, init_kernel_table
+from .storage import create_table_kernel, init_kernel_table
 
 __all__ = ["EmbeddingBagCollection", "init_table", "check_sparse"]
 

@@ -5,7 +5,7 @@ fused kernel and write the tables' initial rows.
 
 A table shard is cached when its cache load factor is below 1: the plan's factor for the
 table, else the table's own (``TableConfig.cache_load_factor``), else
-``StorageConfig.cache_load_factor``. Data-parallel replicas are never cached (they are the
+``StorageConfig.cache_load_factor`` (``config.cache_factor``). Data-parallel replicas are never cached (they are the
 small, hot tables, and every rank updates all of their rows through DDP-style reductions).
 """
 from __future__ import annotations
@@ -16,27 +16,17 @@ from typing import Any, Sequence
 
 import torch
 
-from ..config import ModelConfig, StorageConfig, TableConfig
+from ..config import ModelConfig, StorageConfig, TableConfig, cache_factor
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, create_embedding_bag
 from ..kernels.init import init_table_rows
 
-__all__ = ["TABLE_DTYPES", "table_dtype", "cache_factor", "cache_rows", "cached_tables", "create_table_kernel",
-           "init_kernel_table"]
+__all__ = ["TABLE_DTYPES", "table_dtype", "cache_rows", "cached_tables", "create_table_kernel", "init_kernel_table"]
 
 TABLE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def table_dtype(storage: StorageConfig | None) -> torch.dtype:
     return TABLE_DTYPES[storage.table_dtype if storage is not None else "fp32"]
-
-
-def cache_factor(table: TableConfig, storage: StorageConfig | None, plan_factor: float | None = None) -> float:
-    """The cache load factor of a table: the plan's, else the table's, else the storage default."""
-    if plan_factor is not None:
-        return plan_factor
-    if table.cache_load_factor is not None:
-        return table.cache_load_factor
-    return storage.cache_load_factor if storage is not None else 1.0
 
 
 def cached_tables(model: ModelConfig, storage: StorageConfig | None, plan: Any = None) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import TableConfig
+from ..config import TableConfig, cache_factor
 from ..data.synthetic import EMPTY_BAG_SHARE
 from .plan import ShardingType
 
@@ -28,8 +28,6 @@ def hot_row_refusal(table: TableConfig, table_plan: Any, storage: Any) -> str:
     """Why ``table`` cannot have hot-row replication under its plan, '' when it can: the one rule
     both the sharded collection (which refuses, naming the table) and ``choose_hot_rows`` (which
     passes over the table) apply."""
-    from ..modules.storage import cache_factor
-
     if table_plan.sharding not in HOT_SHARDINGS:
         return (f"table '{table.name}' is {table_plan.sharding.value}; hot-row replication supports "
                 f"{', '.join(x.value for x in HOT_SHARDINGS)} tables")  # fmt: skip

@@ -19,9 +19,9 @@ from torch import nn
 from ..comm import Codec, Communicator, all_to_all_v, make_codec
 from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
-from ..config import StorageConfig, TableConfig
+from ..config import StorageConfig, TableConfig, cache_factor
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
-from ..modules.storage import cache_factor, create_table_kernel, init_kernel_table
+from ..modules.storage import create_table_kernel, init_kernel_table
 from ..planning.plan import Shard, TablePlan
 
 __all__ = [
