@@ -400,9 +400,15 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
         import torch
 
         try:
-            torch.device(args.device)
+            dev = torch.device(args.device)
         except RuntimeError:
             raise ValueError(f"--device {args.device!r} is not a device (cpu, cuda, cuda:N)") from None
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+                raise ValueError(f"--device {args.device}: no CUDA device here ({why}); use --device cpu")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ValueError(f"--device {args.device}: this host has {torch.cuda.device_count()} CUDA device(s)")
     if cfg.dist.plan_path and nproc > 1:
         from .sharding import ShardingPlan
 

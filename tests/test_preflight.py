@@ -144,3 +144,16 @@ def test_a_backend_that_cannot_store_the_table_dtype_is_one_line_before_launch(c
     assert rc == 2 and len(lines) == 1, err
     assert "--table-dtype bf16: kernel backend 'fbgemm' stores float32, float16 tables only" in lines[0], err
     assert "that store it: reference" in lines[0] and "starting" not in out
+
+
+def test_a_cuda_device_on_a_host_without_one_is_one_line_before_launch(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    for nproc in ("1", "2"):
+        rc = main(["train", "--nproc", nproc, "--preset", "tiny", "--steps", "2", "--log-dir", "none", "--device", "cuda"])
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and "--device cuda: no CUDA device here" in lines[0], err
+        assert "starting" not in out
