@@ -427,12 +427,17 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
             _auto_plan(cfg, nproc, L, torch.device(device).type, quiet=True)
         except ValueError as e:
             raise ValueError("--sharding auto: " + "; ".join(str(e).splitlines())) from None
+    if cfg.data.source != "criteo" and (cfg.data.path or cfg.data.eval_path):
+        raise ValueError(f"--data-path / --eval-path apply to --data criteo; this run's data is {cfg.data.source}")
     if cfg.data.source == "criteo":
+        from .data.criteo import check_criteo_model
+
         for what, path in (("--data-path", cfg.data.path), ("--eval-path", cfg.data.eval_path)):
             if path and Path(path).is_dir():
                 raise ValueError(f"{what} {path} is a directory, not a Criteo TSV file")
             if path and not Path(path).is_file():
                 raise ValueError(f"{what} {path}: no such file")
+        check_criteo_model(cfg.model)
         from .data.criteo import count_global_batches
 
         gb = cfg.train.batch_size * nproc
@@ -454,6 +459,8 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
         if not os.access(probe, os.W_OK):
             raise ValueError(f"{what} {path} is not writable")
 
+    if args.log_dir is not None and args.log_dir.lower() != "none":
+        writable_dir("--log-dir", args.log_dir)
     if cfg.train.checkpoint_dir:
         writable_dir("--checkpoint-dir", cfg.train.checkpoint_dir)
         if cfg.train.resume:  # a damaged or foreign checkpoint: said here, once, not by every rank

@@ -28,10 +28,13 @@ def _cases(tmp):
         (["--checkpoint-dir", str(a_file)], "is a file, not a directory"),
         (["--metrics-out", str(tmp)], "is a directory"),
         (["--trace-dir", str(a_file)], "is a file, not a directory"),
+        (["--log-dir", str(a_file / "runs")], "--log-dir"),
+        (["--eval-path", str(a_file)], "apply to --data criteo; this run's data is synthetic"),
+        (["--data", "criteo", "--data-path", str(a_file)], "Criteo has 26 categorical features but the model's tables give 4"),
     ]
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(12))
 def test_launch_errors_are_one_line_before_any_rank_starts(index, tmp_path, capsys):
     extra, expected = _cases(tmp_path)[index]
     start = time.time()

@@ -63,7 +63,7 @@ import torch
 from neo_train.config import CRITEO_KAGGLE_CARDINALITIES, ModelConfig
 from neo_train.data.batch import Batch, SparseFeatures
 
-__all__ = ["CriteoReader", "count_global_batches", "write_synthetic_criteo_tsv", "NUM_DENSE", "NUM_SPARSE", "COLUMN_NAMES"]
+__all__ = ["CriteoReader", "check_criteo_model", "count_global_batches", "write_synthetic_criteo_tsv", "NUM_DENSE", "NUM_SPARSE", "COLUMN_NAMES"]
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -100,6 +100,22 @@ def _open_binary(path: Path) -> IO[bytes]:
         return gzip.open(path, "rb")  # type: ignore[return-value]
     # A large buffer: line iteration over a plain file is then bounded by memchr, not syscalls.
     return open(path, "rb", buffering=1 << 20)
+
+
+def check_criteo_model(model: ModelConfig) -> None:
+    """ValueError unless ``model`` reads Criteo's columns: 13 dense and 26 sparse features."""
+    if model.num_dense_features != NUM_DENSE:
+        raise ValueError(
+            f"Criteo has {NUM_DENSE} dense features but the model has "
+            f"num_dense_features = {model.num_dense_features}"
+        )
+    keys = model.feature_names
+    if len(keys) != NUM_SPARSE:
+        raise ValueError(
+            f"Criteo has {NUM_SPARSE} categorical features but the model's tables give "
+            f"{len(keys)} sparse features ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''}); "
+            f"--preset criteo_kaggle has Criteo's shape"
+        )
 
 
 class CriteoReader:
@@ -143,17 +159,7 @@ class CriteoReader:
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if split == "eval" and not holdout_every:
             raise ValueError("split='eval' reads the held-out batches: it needs holdout_every >= 2")
-        if model.num_dense_features != NUM_DENSE:
-            raise ValueError(
-                f"Criteo has {NUM_DENSE} dense features but the model has "
-                f"num_dense_features = {model.num_dense_features}"
-            )
-        keys = model.feature_names
-        if len(keys) != NUM_SPARSE:
-            raise ValueError(
-                f"Criteo has {NUM_SPARSE} categorical features but the model's tables give "
-                f"{len(keys)} sparse features ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
-            )
+        check_criteo_model(model)
         self.model = model
         self.batch_size = batch_size
         self.rank = rank
@@ -164,7 +170,7 @@ class CriteoReader:
         self.holdout_every = holdout_every
         self.epochs = 1 if split == "eval" else epochs
         self.epochs_done = 0  # passes over the file completed by the current iteration
-        self.keys: tuple[str, ...] = keys
+        self.keys: tuple[str, ...] = tuple(model.feature_names)
         # Rows of the table behind each feature, in feature (= column C1..C26) order.
         self._rows = np.array([t.num_rows for t in model.tables for _ in t.feature_names], dtype=np.uint64)
         self.global_batch_index = start_batch
