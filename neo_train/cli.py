@@ -219,10 +219,10 @@ _PLAN_ERROR = "error: "
 
 def _auto_plan(cfg, world_size: int, local_world_size: int, device: str, quiet: bool = False):
     from .planning.planner import PlannerOptions, plan_sharding
-    from .topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+    from .topology.spec import cluster_spec
 
     topo = cfg.dist.topology or ("cpu_local" if device == "cpu" else "zionex")
-    cluster = preset_cluster(topo) if topo in CLUSTER_PRESETS else ClusterSpec.load(topo)
+    cluster = cluster_spec(topo)
     cluster = cluster.replace(nodes=world_size // local_world_size, devices_per_node=local_world_size)
     opts = PlannerOptions(
         batch_size=cfg.train.batch_size, optimizer=cfg.train.sparse_optimizer, dense_optimizer=cfg.train.dense_optimizer,

@@ -176,7 +176,7 @@ def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 
 def plan_command(args: argparse.Namespace) -> int:
     """Run the planner from parsed ``add_plan_arguments`` args; 0 if the plan fits, 1 if not."""
     from ..config import Config, preset
-    from ..topology.spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+    from ..topology.spec import cluster_spec
     from .planner import PlannerOptions, plan_sharding
 
     for flag, path in (("--out", args.out), ("--summary-json", getattr(args, "summary_json", None))):
@@ -184,7 +184,7 @@ def plan_command(args: argparse.Namespace) -> int:
             _check_out_file(flag, Path(path))
     cfg = Config.load(args.config) if getattr(args, "config", None) else preset(args.preset, row_scale=args.row_scale)
     topo = args.topology
-    cluster = preset_cluster(topo) if topo in CLUSTER_PRESETS else ClusterSpec.load(topo)
+    cluster = cluster_spec(topo)
     over = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.gpus_per_node)) if v is not None}
     if over:
         cluster = cluster.replace(**over)

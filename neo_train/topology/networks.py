@@ -11,7 +11,7 @@ from .fattree import FatTree
 from .flat import FlatNetwork
 from .network import Network
 from .opera import OperaNetwork
-from .spec import CLUSTER_PRESETS, ClusterSpec, preset_cluster
+from .spec import ClusterSpec, cluster_spec
 
 __all__ = ["NETWORKS", "make_network", "cluster_for"]
 
@@ -62,7 +62,7 @@ def make_network(kind: str, cluster: ClusterSpec, *, bulk_threshold: float = 0.0
 def cluster_for(topology: str, nodes: int, gpus_per_node: int | None = None, **overrides: Any) -> ClusterSpec:
     """A cluster preset (or TOML file) with ``nodes`` (and optionally GPUs per node) replaced. An
     Opera-study-style cluster keeps one NIC per node: devices_per_nic follows the GPUs."""
-    spec = preset_cluster(topology) if topology in CLUSTER_PRESETS else ClusterSpec.load(topology)
+    spec = cluster_spec(topology)
     G = gpus_per_node or spec.devices_per_node
     per_nic = G if spec.devices_per_nic == spec.devices_per_node else spec.devices_per_nic
     return spec.replace(nodes=nodes, devices_per_node=G, devices_per_nic=per_nic,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ClusterSpec", "CLUSTER_PRESETS", "preset_cluster"]
+__all__ = ["ClusterSpec", "CLUSTER_PRESETS", "preset_cluster", "cluster_spec"]
 
 GB = 1e9
 GiB = 1 << 30
@@ -226,3 +226,13 @@ def preset_cluster(name: str, **overrides: Any) -> ClusterSpec:
         raise ValueError(f"unknown topology '{name}' (known: {', '.join(CLUSTER_PRESETS)})")
     spec = _PRESETS[name]()
     return spec.replace(**overrides) if overrides else spec
+
+
+def cluster_spec(name_or_path: str) -> ClusterSpec:
+    """A cluster preset by name, else a cluster TOML file; neither is one ValueError naming both."""
+    if name_or_path in _PRESETS:
+        return preset_cluster(name_or_path)
+    if not Path(name_or_path).exists():
+        raise ValueError(f"topology '{name_or_path}' is neither a cluster preset ({', '.join(CLUSTER_PRESETS)}) "
+                         f"nor a cluster TOML file")
+    return ClusterSpec.load(name_or_path)
