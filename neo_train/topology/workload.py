@@ -175,7 +175,7 @@ def _make_plan(spec: IterationSpec, b: int) -> tuple[ShardingPlan, CostEstimate,
         plan, est = res.plan, res.estimate
     if not est.fits:
         notes.append(f"the plan does not fit in {c.device_memory_bytes / 2**30:.0f} GiB per GPU "
-                     f"(max {est.memory.max() / 2**30:.1f} GiB); simulated anyway, as the study did")
+                     f"(max {est.memory.max() / 2**30:.1f} GiB at {b} samples per GPU); simulated anyway, as the study did")
     return plan, est, notes
 
 
