@@ -342,13 +342,12 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _data_parallel_uncached(cfg, plan) -> list[str]:
-    """Tables whose cache load factor asks for a cache that their data-parallel plan rules out."""
+    """Tables whose cache load factor asks for a cache that their data-parallel plan rules out
+    (``storage.cached_tables`` leaves them out)."""
     from .config import cache_factor
-    from .modules.storage import cached_tables
 
-    cached = set(cached_tables(cfg.model, cfg.storage, plan))
-    return [t.name for t in cfg.model.tables
-            if t.name not in cached and cache_factor(t, cfg.storage, plan[t.name].cache_load_factor) < 1]
+    return [t.name for t in cfg.model.tables if plan[t.name].sharding == "data_parallel"
+            and cache_factor(t, cfg.storage, plan[t.name].cache_load_factor) < 1]
 
 
 def intra_op_threads(local_ranks: int) -> tuple[int, str]:
@@ -380,19 +379,20 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
     if cfg.train.kernel_backend not in ("auto", *registered_backends()):
         raise ValueError(f"train.kernel_backend: unknown backend {cfg.train.kernel_backend!r} "
                          f"(known: auto, {', '.join(registered_backends())})")
-    if cfg.train.kernel_backend != "auto" and backend_unavailable_reason(cfg.train.kernel_backend):
-        raise ValueError(f"embedding backend {cfg.train.kernel_backend!r} is not available here: "
-                         f"{backend_unavailable_reason(cfg.train.kernel_backend)} (available: "
-                         f"{', '.join(available_backends())})")
-    if cfg.train.kernel_backend != "auto":
+    backend = cfg.train.kernel_backend
+    if backend != "auto":
         from .modules.storage import table_dtype
 
-        refusal = dtype_refusal(cfg.train.kernel_backend, table_dtype(cfg.storage))
+        unavailable = backend_unavailable_reason(backend)
+        if unavailable:
+            raise ValueError(f"embedding backend {backend!r} is not available here: {unavailable} (available: "
+                             f"{', '.join(available_backends())})")
+        dtype = table_dtype(cfg.storage)
+        refusal = dtype_refusal(backend, dtype)
         if refusal:
-            can = [n for n in available_backends() if not dtype_refusal(n, table_dtype(cfg.storage))]
-            raise ValueError(f"--table-dtype {cfg.storage.table_dtype}: kernel backend '{cfg.train.kernel_backend}' "
-                             f"{refusal} (backends here that store it: {', '.join(can) or 'none'}; --backend auto "
-                             f"picks one)")
+            can = [n for n in available_backends() if not dtype_refusal(n, dtype)]
+            raise ValueError(f"--table-dtype {cfg.storage.table_dtype}: kernel backend '{backend}' {refusal} "
+                             f"(backends here that store it: {', '.join(can) or 'none'}; --backend auto picks one)")
     L = args.local_world_size or nproc
     if nproc % L:
         raise ValueError(f"--local-world-size {L} does not divide --nproc {nproc}")
@@ -430,7 +430,7 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
     if cfg.data.source != "criteo" and (cfg.data.path or cfg.data.eval_path):
         raise ValueError(f"--data-path / --eval-path apply to --data criteo; this run's data is {cfg.data.source}")
     if cfg.data.source == "criteo":
-        from .data.criteo import check_criteo_model
+        from .data.criteo import check_criteo_model, count_global_batches
 
         for what, path in (("--data-path", cfg.data.path), ("--eval-path", cfg.data.eval_path)):
             if path and Path(path).is_dir():
@@ -438,8 +438,6 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
             if path and not Path(path).is_file():
                 raise ValueError(f"{what} {path}: no such file")
         check_criteo_model(cfg.model)
-        from .data.criteo import count_global_batches
-
         gb = cfg.train.batch_size * nproc
         k = 0 if cfg.data.eval_path else cfg.data.holdout_every
         if count_global_batches(cfg.data.path, gb, k) < 1:

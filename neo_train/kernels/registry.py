@@ -117,8 +117,9 @@ def _passed_over(name: str, device_type: str, weight_dtype: torch.dtype = torch.
         return "not registered"
     if not _is_available(name):
         return _BACKENDS[name].reason()
-    if dtype_refusal(name, weight_dtype):
-        return dtype_refusal(name, weight_dtype)
+    refusal = dtype_refusal(name, weight_dtype)
+    if refusal:
+        return refusal
     if device_type == "cuda":
         if name == "triton" and TRITON_GPU_VERIFIED is None:
             return (
