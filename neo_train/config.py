@@ -398,7 +398,6 @@ class StorageConfig(_Replace):
         )
 
 
-
 def cache_factor(table: TableConfig, storage: StorageConfig | None, plan_factor: float | None = None) -> float:
     """The cache load factor of a table: the plan's, else the table's, else the storage default."""
     if plan_factor is not None:
@@ -406,6 +405,7 @@ def cache_factor(table: TableConfig, storage: StorageConfig | None, plan_factor:
     if table.cache_load_factor is not None:
         return table.cache_load_factor
     return storage.cache_load_factor if storage is not None else 1.0
+
 
 @dataclass(frozen=True)
 class Config(_Replace):

@@ -5,8 +5,9 @@ fused kernel and write the tables' initial rows.
 
 A table shard is cached when its cache load factor is below 1: the plan's factor for the
 table, else the table's own (``TableConfig.cache_load_factor``), else
-``StorageConfig.cache_load_factor`` (``config.cache_factor``). Data-parallel replicas are never cached (they are the
-small, hot tables, and every rank updates all of their rows through DDP-style reductions).
+``StorageConfig.cache_load_factor`` (``config.cache_factor``). Data-parallel replicas are never
+cached (they are the small, hot tables, and every rank updates all of their rows through
+DDP-style reductions).
 """
 from __future__ import annotations
 
