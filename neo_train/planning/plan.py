@@ -138,7 +138,10 @@ class ShardingPlan:
             )
         names = [tp.table for tp in self.tables]
         seen: set[str] = set()
-        dup = sorted({n for n in names if n in seen or seen.add(n)})
+        dups: set[str] = set()
+        for n in names:
+            (dups if n in seen else seen).add(n)
+        dup = sorted(dups)
         if dup:
             raise ValueError(f"plan lists table(s) {brief_names(dup)} more than once")
         model_names = {t.name for t in model.tables}
