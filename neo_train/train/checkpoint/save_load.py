@@ -180,9 +180,22 @@ def resume_from_latest(trainer: "Trainer", root: str | Path) -> tuple[int, int]:
 
 def _older_complete(root: str | Path, newest: Path) -> Path | None:
     """The newest complete checkpoint under ``root`` other than ``newest`` (None if none)."""
-    steps = [(int(m.group(1)), c) for c in Path(root).glob("step_*")
-             if (m := re.fullmatch(r"step_(\d+)", c.name)) and c != newest and (c / MANIFEST).is_file()]
-    return max(steps, key=lambda sc: sc[0])[1] if steps else None
+    older = [(s, c) for s, c in _complete_checkpoints(Path(root)) if c != newest]
+    return max(older, key=lambda sc: sc[0], default=(0, None))[1]
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete ``step_*`` checkpoint under ``root``: a manifest and a
+    readable step; a save's temporary or replaced directory is not one."""
+    out = []
+    for c in root.glob("step_*") if root.is_dir() else ():
+        if ".tmp-" in c.name or ".old-" in c.name or not (c / MANIFEST).is_file():
+            continue
+        try:
+            out.append((int(json.loads((c / META).read_text())["step"]), c))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def load_history(directory: str | Path) -> dict[str, Any] | None:
@@ -211,17 +224,7 @@ def find_latest(root: str | Path) -> Path | None:
                 f"{root / LATEST} names {cand}, which has no {MANIFEST}: the checkpoint is damaged "
                 f"(remove it, or the '{LATEST}' file, to resume from an older one)"
             )
-    best: tuple[int, Path] | None = None
-    for c in root.glob("step_*") if root.is_dir() else ():
-        if ".tmp-" in c.name or ".old-" in c.name or not (c / MANIFEST).is_file():
-            continue
-        try:
-            step = int(json.loads((c / META).read_text())["step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if best is None or step > best[0]:
-            best = (step, c)
-    return None if best is None else best[1]
+    return max(_complete_checkpoints(root), key=lambda sc: sc[0], default=(0, None))[1]
 
 
 def check_resumable(root: str | Path, cfg: Config) -> Path | None:
