@@ -180,7 +180,7 @@ class DataParallelSharding(EmbeddingSharding):
         psw = self.kernel.effective_weights(offsets, weights, N)
         lengths = offsets[1:] - offsets[:-1]
         bag = torch.repeat_interleave(torch.arange(F * b, device=dev), lengths, output_size=N)  # f * b + sample
-        if all(d == self._dmax for d in self.dims):  # grad (b, F*D) as (b*F, D): bag f*b+s is row s*F+f
+        if self._uniform:  # grad (b, F*D) as (b*F, D): bag f*b+s is row s*F+f
             g = grad.reshape(b * F, self._dmax).index_select(0, (bag % b) * F + bag // b)
         else:
             pad = grad.new_zeros(F, b, self._dmax)
