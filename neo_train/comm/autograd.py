@@ -137,7 +137,10 @@ class _AllToAllVStart(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _g):  # type: ignore[override]
-        return ctx.box.pop("grad_x"), None, None, None, None, None, None, None, None
+        b = ctx.box
+        got = b.pop("bwd_handle").wait()
+        b.pop("bwd_sent")
+        return b.pop("bwd_decode")(got), None, None, None, None, None, None, None, None
 
 
 class _AllToAllVWait(torch.autograd.Function):
@@ -148,8 +151,13 @@ class _AllToAllVWait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
+        # the mirror exchange starts here and is waited for in the start's backward: autograd runs
+        # the nodes recorded between the two (the bottom MLP's, from the forward's overlap) first
         b = ctx.box
-        b["grad_x"] = _a2a(b["comm"], g.contiguous(), b["outs"], b["ins"], b["bwd"], b["tag"] + "_bwd", _swap(b["widths"]))
+        g = g.contiguous()
+        b["bwd_handle"], b["bwd_decode"] = _a2a_start(b["comm"], g, b["outs"], b["ins"], b["bwd"], b["tag"] + "_bwd",
+                                                      _swap(b["widths"]), async_op=True)  # fmt: skip
+        b["bwd_sent"] = g  # alive until the exchange is done
         return g.new_zeros(0), None
 
 
@@ -159,7 +167,8 @@ def all_to_all_v_async(
     widths: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Pending:
     """all_to_all_v started now, finished by ``wait()``: compute placed in between overlaps it.
-    The backward (the mirror exchange) is synchronous, as in ``all_to_all_v``."""
+    The backward mirrors it: the reverse exchange starts in the wait's backward and is waited
+    for in the start's, so the backward of what ran between them overlaps it too."""
     box: dict = {}
     marker = _AllToAllVStart.apply(x, comm, list(in_splits), list(out_splits), fwd, bwd, tag, _widths(widths), box)
     return Pending(lambda: _AllToAllVWait.apply(marker, box))
