@@ -178,3 +178,41 @@ def _rank_order_body(comm):
     g = torch.randn(1, 3, generator=torch.Generator().manual_seed(zlib.crc32(b"order") + comm.rank)) * 10 ** comm.rank
     (y * g).sum().backward()
     return seen[0][0], -group.kernel.get_table(0)[2]  # the row's gradient here (after the 1/W scaling), the sum
+
+
+@pytest.mark.parametrize("dims", [(4, 6, 2), (4, 4, 4)], ids=["mixed_dims", "uniform"])
+def test_touched_rows_summed_densely_equal_the_sorted_sums(dims) -> None:
+    """Few rows (R <= the batch's ids N, as hot-row replicas have) are summed into a buffer of
+    every row instead of sorting the ids: the same touched rows, bit-identical sums and counts,
+    the same tail (key 0, zero rows) past them; for N below, at and above R, repeated and absent
+    rows, and a table nobody touched."""
+    res = run_ranks(_dense_vs_sorted_body, 1, dims)
+    assert res[0] == 6
+
+
+def _dense_vs_sorted_body(comm, dims):
+    from neo_train.kernels import SparseOptimizerSpec
+    from neo_train.sharding import ShardedEmbeddingBagCollection
+
+    model = _model(dims)
+    plan = ShardingPlan.uniform(model, "data_parallel", comm.world_size)
+    ebc = ShardedEmbeddingBagCollection(model, plan, comm, SparseOptimizerSpec("sgd", lr=0.1), backend="reference", seed=3)
+    group = ebc.groups["data_parallel"]
+    R, D = group._row_off[-1], group._dmax
+    checked = 0
+    gen = torch.Generator().manual_seed(11)
+    for N, skip in [(R - 1, None), (R, None), (3 * R, None), (2 * R, 1), (2 * R, 0), (2 * R, 2)]:
+        key = torch.randint(0, R, (N,), generator=gen)
+        if skip is not None:  # table `skip` untouched
+            lo, hi = group._row_off[skip], group._row_off[skip + 1]
+            key = key[(key < lo) | (key >= hi)]
+        key = torch.cat([key, key[: N // 3]])  # repeats
+        g = torch.randn(key.numel(), D, generator=gen)
+        k1, r1, c1 = group._local_rows_sorted(key, g)
+        k2, r2, c2 = group._local_rows_dense(key, g)
+        n = int(c1.sum())
+        assert torch.equal(c1, c2) and n == int(key.unique().numel())
+        assert torch.equal(k1[:n], k2[:n]) and torch.equal(r1[:n], r2[:n])
+        assert k2.numel() == R and not k2[n:].any() and not r2[n:].any()
+        checked += 1
+    return checked

@@ -433,10 +433,12 @@ def _split_reference(parts: dict, hot: dict[str, torch.Tensor], table_of: dict[s
     return out
 
 
-def _split_body(comm):
+def _split_body(comm, search: bool):
     from neo_train.kernels import SparseOptimizerSpec
-    from neo_train.sharding import ShardedEmbeddingBagCollection
+    from neo_train.sharding import ShardedEmbeddingBagCollection, collection
 
+    if search:  # the binary search the split takes for tables too big for a key -> slot map
+        collection.HOT_MAP_MAX_ROWS = 0
     plan = ShardingPlan.uniform(SKIP_MODEL, "table_wise", comm.world_size)
     ebc = ShardedEmbeddingBagCollection(SKIP_MODEL, plan, comm, SparseOptimizerSpec("sgd", lr=0.1), backend="reference",
                                         hot_rows={t: ids.numel() for t, ids in SKIP_HOT.items()})  # fmt: skip
@@ -468,6 +470,7 @@ def _split_body(comm):
         checked["dtype"].add(dtype)
         checked["weights"].add(weighted)
         parts = SparseFeatures.from_features(feats).by_feature()
+        assert (ebc._hot_sorted[3] is None) == search
         got, want = ebc._split_hot(parts, b), _split_reference(parts, hot, table_of)
         assert list(got) == list(want), (list(got), list(want))
         for key in want:
@@ -478,13 +481,14 @@ def _split_body(comm):
     return checked
 
 
-def test_split_hot_matches_a_feature_by_feature_reference() -> None:
-    """The one-pass split of every hot feature's ids (one searchsorted over all hot tables' keys,
-    one read of the per-feature counts) gives exactly, dtypes and order included, what a split
+@pytest.mark.parametrize("search", [False, True], ids=["slot_map", "searchsorted"])
+def test_split_hot_matches_a_feature_by_feature_reference(search: bool) -> None:
+    """The one-pass split of every hot feature's ids (a key -> slot map, or for big tables one
+    searchsorted over all hot tables' keys; one read of the per-feature counts) gives exactly, dtypes and order included, what a split
     written out feature by feature and id by id gives: mixed bags, empty bags, features with no
     hot id, with only hot ids, with no id at all, a table shared by two features (b1, b2), a
     table without replication (c), int32 and int64 ids, with and without per-id weights, across
     changes of the hot sets."""
-    checked = run_ranks(_split_body, 1)[0]
+    checked = run_ranks(_split_body, 1, search)[0]
     assert checked == {"mode": {"mixed", "cold", "hot", "empty"}, "dtype": {torch.int32, torch.int64},
                        "weights": {False, True}}  # fmt: skip

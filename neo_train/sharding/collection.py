@@ -44,6 +44,7 @@ from .table_wise import TableWiseSharding
 
 __all__ = ["ShardedEmbeddingBagCollection", "DistributedSparse", "SHARDING_CLASSES", "config_hash", "HOT_SUFFIX"]
 
+HOT_MAP_MAX_ROWS = 1 << 22  # the hot tables' rows up to which the id split uses a key -> slot map (16 MiB)
 HOT_SUFFIX = "#hot"  # the replicated hot part of table t is the data-parallel table t#hot
 
 SHARDING_CLASSES: dict[ShardingType, type[EmbeddingSharding]] = {
@@ -296,7 +297,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
         keys, order = torch.sort(torch.cat([new[t] + row_off[t] for t in self._hot_k]))  # (sum k,)
         slots = torch.cat([torch.arange(self._hot_k[t]) for t in self._hot_k]).index_select(0, order)
         feat_off = torch.tensor([row_off[t] for t in self._hot_features.values()], dtype=torch.int64)
-        self._hot_sorted = (keys.to(dev), slots.to(dev), feat_off.to(dev))
+        # a key -> slot map (-1: cold) when the hot tables' rows are few enough: one gather per id
+        # instead of a binary search; int32 (sum k < 2^31)
+        total = sum(self.model_cfg.table(t).num_rows for t in self._hot_k)
+        slot_map = None
+        if total <= HOT_MAP_MAX_ROWS:
+            slot_map = torch.full((total,), -1, dtype=torch.int32).index_copy_(0, keys, slots.to(torch.int32)).to(dev)
+        self._hot_sorted = (keys.to(dev), slots.to(dev), feat_off.to(dev), slot_map)
         self._pending_hot[self._hot_version] = new
 
     def hot_write_back(self) -> None:
@@ -322,7 +329,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         id order, as a split feature by feature gives), the per-bag hot counts by one index_add
         over the F b bags. One device-to-host read (the F hot counts) cuts the results back into
         features (a split feature by feature with boolean indexing read 2 per feature)."""
-        keys_sorted, key_slots, feat_off = self._hot_sorted
+        keys_sorted, key_slots, feat_off, slot_map = self._hot_sorted
         feats = list(self._hot_features)
         F = len(feats)
         values, lengths, weights = zip(*(parts[f] for f in feats))
@@ -332,22 +339,26 @@ class ShardedEmbeddingBagCollection(nn.Module):
         lens = torch.cat(lengths)  # (F b,)
         bag = torch.repeat_interleave(lens.to(torch.int64), output_size=N)  # each id's bag f b + j
         keys = vals.to(torch.int64) + feat_off.view(F, 1).expand(F, b).reshape(-1).index_select(0, bag)
-        # int32 positions (sum k < 2^31): the CPU search runs faster with them
-        pos = torch.searchsorted(keys_sorted, keys, out_int32=True).clamp_(max=keys_sorted.numel() - 1)
-        hot = keys_sorted.index_select(0, pos) == keys
+        if slot_map is not None:
+            slot = slot_map.index_select(0, keys)  # (N,) the replica slot, -1 for a cold id
+            hot = slot >= 0
+        else:  # int32 positions (sum k < 2^31): the CPU search runs faster with them
+            pos = torch.searchsorted(keys_sorted, keys, out_int32=True).clamp_(max=keys_sorted.numel() - 1)
+            hot = keys_sorted.index_select(0, pos) == keys
         hot_len = torch.zeros_like(lens).index_add_(0, bag, hot.to(lens.dtype)).view(F, b)
         cold_len = lens.view(F, b) - hot_len
         n_hot = hot_len.sum(1).tolist()  # the one device-to-host read
         n_cold = [m - h for m, h in zip(n, n_hot)]
-        cold_at = torch.nonzero_static(~hot, size=N - sum(n_hot)).flatten()
-        hot_at = torch.nonzero_static(hot, size=sum(n_hot)).flatten()
-        cold_vals = vals.index_select(0, cold_at).split(n_cold)
-        hot_slots = key_slots.index_select(0, pos.index_select(0, hot_at)).to(vals.dtype).split(n_hot)
+        cold = ~hot
+        pick_cold, pick_hot = _picker(cold, N - sum(n_hot)), _picker(hot, sum(n_hot))
+        cold_vals = pick_cold(vals).split(n_cold)
+        hot_slot = pick_hot(slot) if slot_map is not None else key_slots.index_select(0, pick_hot(pos))
+        hot_slots = hot_slot.to(vals.dtype).split(n_hot)
         if weights[0] is None:
             cold_w = hot_w = (None,) * F
         else:
             w = torch.cat(weights)
-            cold_w, hot_w = w.index_select(0, cold_at).split(n_cold), w.index_select(0, hot_at).split(n_hot)
+            cold_w, hot_w = pick_cold(w).split(n_cold), pick_hot(w).split(n_hot)
         out = dict(parts)
         out.update(zip(feats, zip(cold_vals, cold_len.unbind(0), cold_w)))
         out.update(zip((f + HOT_SUFFIX for f in feats), zip(hot_slots, hot_len.unbind(0), hot_w)))
@@ -504,3 +515,13 @@ def _check_hot_rows(model: ModelConfig, plan: ShardingPlan, hot_rows: dict[str, 
         why = hot_row_refusal(t, plan[name], storage)
         if why:
             raise ValueError(f"hot_rows: {why}")
+
+
+def _picker(mask: torch.Tensor, count: int):
+    """x -> x's entries where ``mask`` holds, in order; ``count`` of them (known on the host).
+    A masked select on the CPU; on a GPU the positions by ``nonzero_static`` (its size given, so
+    no device-to-host sync), computed once for every tensor picked with the same mask."""
+    if mask.device.type == "cpu":
+        return lambda x: x.masked_select(mask)
+    at = torch.nonzero_static(mask, size=count).flatten()
+    return lambda x: x.index_select(0, at)

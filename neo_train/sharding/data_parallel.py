@@ -172,9 +172,10 @@ class DataParallelSharding(EmbeddingSharding):
 
     def _local_rows(self, grad: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, weights):
         """This rank's touched rows, sorted by key (table by table, ascending ids), with their
-        summed gradients: keys (N,) int64, rows (N, D) float32 (D = the largest dim; a narrower
+        summed gradients: keys (M,) int64, rows (M, D) float32 (D = the largest dim; a narrower
         table's rows are zero-padded), and the per-table counts (T,) int64 on the device. Only the
-        first sum(counts) entries are rows; N = the ids of the batch (no device-to-host copy)."""
+        first sum(counts) entries are rows, the rest key 0 and zeros; M = the batch's ids N, or
+        the group's rows R when R <= N (no device-to-host copy either way)."""
         F, b, N = len(self.features), grad.shape[0], values.numel()
         dev = grad.device
         psw = self.kernel.effective_weights(offsets, weights, N)
@@ -191,11 +192,32 @@ class DataParallelSharding(EmbeddingSharding):
         if psw is not None:
             g = g * psw.unsqueeze(1)
         key = self._feature_key_base.repeat_interleave(b, output_size=F * b).index_select(0, bag) + values.to(torch.int64)
+        if self._row_off[-1] <= N:  # few rows (hot-row replicas): sum straight into every row
+            return self._local_rows_dense(key, g)
+        return self._local_rows_sorted(key, g)
+
+    def _local_rows_sorted(self, key: torch.Tensor, g: torch.Tensor):
+        """``_local_rows`` by sorting the ids' keys: N = key.numel() entries."""
+        N, dev = key.numel(), key.device
         skey, first, seg, pos = _group_equal_keys(key)  # pos: the row each id sums into
         keys = torch.zeros(N, dtype=torch.int64, device=dev).scatter_(0, seg, skey)
         rows = torch.zeros(N, self._dmax, device=dev).index_add_(0, pos, g)
         # distinct keys below each table's first key: seg[i - 1] + 1, i = that key's sorted position
         below = torch.cat([seg.new_zeros(1), seg + 1]).index_select(0, torch.searchsorted(skey, self._row_off_t))
+        return keys, rows, below.diff()
+
+    def _local_rows_dense(self, key: torch.Tensor, g: torch.Tensor):
+        """``_local_rows`` when the group has no more rows R than the batch has ids (hot-row
+        replicas): no sort; each id's gradient added into a (R, D) buffer of every row (in id
+        order, as the sorted path adds them: the same sums), the touched rows read off a mark per
+        row. R entries; past the touched rows, key 0 and zero rows (as the sorted path's tail)."""
+        R, dev = self._row_off[-1], key.device
+        every_row = torch.zeros(R, self._dmax, device=dev).index_add_(0, key, g)
+        touched = torch.zeros(R, dtype=torch.bool, device=dev).index_fill_(0, key, True)
+        below = torch.cat([key.new_zeros(1), torch.cumsum(touched, 0)]).index_select(0, self._row_off_t)
+        keys = torch.nonzero_static(touched, size=R, fill_value=0).flatten()
+        real = torch.arange(R, device=dev) < below[-1]
+        rows = every_row.index_select(0, keys).masked_fill_(~real.unsqueeze(1), 0.0)
         return keys, rows, below.diff()
 
     def _sparse_sum(self, keys, rows, every: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
