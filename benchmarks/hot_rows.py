@@ -835,8 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = [c for c in args.codecs.split(",") if c]
     codecs = [c for c in wanted if c in CODECS and c != "fp32"]
     skipped = [c for c in wanted if c not in codecs]
-    if args.fixed_k >= args.rows:
-        raise SystemExit(f"--fixed-k {args.fixed_k} must be below --rows {args.rows}")
+    if not 1 <= args.fixed_k < args.rows:
+        raise SystemExit(f"--fixed-k {args.fixed_k} must be in [1, --rows {args.rows})")
     if args.warmup < args.window:
         raise SystemExit(f"--warmup {args.warmup} must be >= --window {args.window} (the first hot-set switch)")
     if min(args.world_sizes) < 2:

@@ -429,6 +429,11 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
             raise ValueError("--sharding auto: " + "; ".join(str(e).splitlines())) from None
     if cfg.data.source != "criteo" and (cfg.data.path or cfg.data.eval_path):
         raise ValueError(f"--data-path / --eval-path apply to --data criteo; this run's data is {cfg.data.source}")
+    given_criteo_only = [f for f, v in (("--epochs", args.epochs), ("--holdout-every", args.holdout_every)) if v is not None]
+    if cfg.data.source != "criteo" and given_criteo_only:
+        verb = "apply" if len(given_criteo_only) > 1 else "applies"
+        raise ValueError(f"{' / '.join(given_criteo_only)} {verb} to --data criteo (passes over and hold-out of "
+                         f"--data-path); this run's data is {cfg.data.source}: --steps sets its length")
     if cfg.data.source == "criteo":
         from .data.criteo import check_criteo_model, count_global_batches
 

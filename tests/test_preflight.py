@@ -31,10 +31,12 @@ def _cases(tmp):
         (["--log-dir", str(a_file / "runs")], "--log-dir"),
         (["--eval-path", str(a_file)], "apply to --data criteo; this run's data is synthetic"),
         (["--data", "criteo", "--data-path", str(a_file)], "Criteo has 26 categorical features but the model's tables give 4"),
+        (["--epochs", "2"], "--epochs applies to --data criteo"),
+        (["--epochs", "2", "--holdout-every", "5"], "--epochs / --holdout-every apply to --data criteo"),
     ]
 
 
-@pytest.mark.parametrize("index", range(12))
+@pytest.mark.parametrize("index", range(14))
 def test_launch_errors_are_one_line_before_any_rank_starts(index, tmp_path, capsys):
     extra, expected = _cases(tmp_path)[index]
     start = time.time()

@@ -608,3 +608,15 @@ def test_schedule_checks_name_cycles_and_deep_chains():
     n = 5000
     chain = [Compute("c0", 1e-3)] + [Compute(f"c{i}", 1e-3, after=(f"c{i - 1}",)) for i in range(1, n)]
     assert simulate(chain, net).total == pytest.approx(n * 1e-3)
+
+
+def test_opera_rack_layout_for_other_node_counts_comes_from_the_command_line(capsys):
+    """Opera off the study's 16 / 128 / 1024 nodes needs k, the ToR ports: the error says how to
+    give it, and ``--opera-option k=K`` gives it (racks of k/2 hosts); ``--preset`` names the model
+    as in train and plan."""
+    from neo_train.cli import main
+
+    _, line = _cli_error(["simulate", "--preset", "tiny", "--nodes", "4"], capsys)
+    assert "no preset for 4 nodes" in line and "--opera-option k=K" in line
+    assert main(["simulate", "--preset", "tiny", "--nodes", "4", "--opera-option", "k=4"]) == 0
+    assert "opera: 2 racks x 2 hosts x 8 devices, u = 2 rotors" in capsys.readouterr().out

@@ -29,6 +29,8 @@ def make_network(kind: str, cluster: ClusterSpec, *, bulk_threshold: float = 0.0
     ``routing`` spray or ecmp and a TCP-like ``flow_latency`` per flow (seconds, charged once per
     dependent round). Cached: an Opera schedule search takes up to seconds."""
     opts = dict(opera_options or {})
+    if "k" in opts and kind == "opera":  # the ToR ports, an option of the rack layout (from_nodes)
+        k = int(opts.pop("k"))
     if opts and kind != "opera":
         raise ValueError(f"opera options {sorted(opts)} given for a {kind} network")
     if flow_latency and kind != "fattree":

@@ -231,8 +231,8 @@ class OperaNetwork(Network):
         ``nodes`` with ToR ports ``k``: u = d = k/2, N_r = nodes/d."""
         if k is None:
             if nodes not in OPERA_PRESETS:
-                raise ValueError(f"opera: no preset for {nodes} nodes (known: {sorted(OPERA_PRESETS)}); give k "
-                                 "(ToR ports: u = d = k/2)")
+                raise ValueError(f"opera: no preset for {nodes} nodes (known: {sorted(OPERA_PRESETS)}); give k, "
+                                 "the ToR ports (u = d = k/2; on the command line: --opera-option k=K)")
             racks, k = OPERA_PRESETS[nodes]
         if k < 4 or k % 2:
             raise ValueError(f"opera: k (ToR ports) must be even and >= 4, got {k}")

@@ -127,9 +127,9 @@ def run_iteration(model, cluster: ClusterSpec, network: str, allreduce: str, *, 
 # ---- the command ---------------------------------------------------------------------------------
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="opera_model_a",
+    p.add_argument("--model", "--preset", dest="model", default="opera_model_a",
                    help="opera_model_a (the ISI study's Model-A, default), opera_model_i (its Model-I) or a config "
-                        "preset (model_a is Neo's)")
+                        "preset (model_a is Neo's; --preset, as in train and plan, is the same option)")
     p.add_argument("--tables", type=positive_int,
                    help="use this many tables (opera_model_a: 1000 by default, opera_model_i: 361)")
     p.add_argument("--embedding-dim", type=positive_int,
