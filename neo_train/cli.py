@@ -257,7 +257,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import torch
 
     from .kernels import backend_report
-    from .modules.storage import table_dtype
+    from .modules.storage import cached_tables, table_dtype
     from .train import Trainer
 
     cfg = config_from_args(args)  # validate before starting any rank
@@ -314,6 +314,12 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             say(f"neo-train: note: {len(uncached)} table(s) with a cache load factor below 1 are data-parallel "
                 f"and so not cached (replicas are never cached): {', '.join(uncached[:8])}"
                 f"{', ...' if len(uncached) > 8 else ''}", flush=True)
+    cache_only = [f for f, given in (("--cache-policy", args.cache_policy is not None),
+                                     ("--storage-dir", bool(cfg.storage.storage_dir))) if given]  # fmt: skip
+    if cache_only and not cached_tables(cfg.model, cfg.storage, plan):
+        say(f"neo-train: note: {' / '.join(cache_only)} {'have' if len(cache_only) > 1 else 'has'} no effect: no "
+            "table is cached (every row resident); --cache-load-factor F < 1 caches a fraction F of each "
+            "table's rows", flush=True)
     try:
         result = trainer.run()
     except Exception:

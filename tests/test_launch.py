@@ -41,13 +41,16 @@ def test_four_ranks_table_row_wise_on_two_faked_nodes(tmp_path):
 def test_the_launch_says_which_tables_replicate_hot_rows_and_which_cannot_be_cached(tmp_path):
     """Replication and caching chosen for the run are printed once: k per replicated table (t1
     is mean-pooled: not eligible), a K no table can take as a note; a cache load factor that
-    data-parallel tables cannot honour as a note, with no hit rate of nothing in the summary."""
+    data-parallel tables cannot honour as a note, with no hit rate of nothing in the summary, and
+    a storage directory with nothing cached to back as a note."""
     _, out = _train(tmp_path, "hot", "--nproc", "2", "--sharding", "table_wise", "--hot-rows", "8")
     assert "hot-row replication (8): t0 k=8, t2 k=8; re-profiled every 100 steps" in out
     _, out = _train(tmp_path, "none", "--nproc", "2", "--sharding", "table_wise", "--hot-rows", "100000")
     assert "--hot-rows 100000 replicates no table here" in out
-    _, out = _train(tmp_path, "dp", "--nproc", "2", "--sharding", "data_parallel", "--cache-load-factor", "0.5")
+    _, out = _train(tmp_path, "dp", "--nproc", "2", "--sharding", "data_parallel", "--cache-load-factor", "0.5",
+                    "--storage-dir", str(tmp_path / "ssd"))
     assert "4 table(s) with a cache load factor below 1 are data-parallel and so not cached" in out
+    assert "--storage-dir has no effect: no table is cached" in out
     assert "cache_hit_rate" not in out
 
 def test_a_plan_for_another_world_size_is_refused(tmp_path):
