@@ -185,7 +185,7 @@ def test_touched_rows_summed_densely_equal_the_sorted_sums(dims) -> None:
     """Few rows (R <= the batch's ids N, as hot-row replicas have) are summed into a buffer of
     every row instead of sorting the ids: the same touched rows, bit-identical sums and counts,
     the same tail (key 0, zero rows) past them; for N below, at and above R, repeated and absent
-    rows, and a table nobody touched."""
+    rows, a table nobody touched, weighted and mean-pooled features."""
     res = run_ranks(_dense_vs_sorted_body, 1, dims)
     assert res[0] == 6
 
@@ -198,21 +198,107 @@ def _dense_vs_sorted_body(comm, dims):
     plan = ShardingPlan.uniform(model, "data_parallel", comm.world_size)
     ebc = ShardedEmbeddingBagCollection(model, plan, comm, SparseOptimizerSpec("sgd", lr=0.1), backend="reference", seed=3)
     group = ebc.groups["data_parallel"]
-    R, D = group._row_off[-1], group._dmax
+    group.grad_sync = "dense"  # no counts exchange in _touched
+    R = group._row_off[-1]
     checked = 0
     gen = torch.Generator().manual_seed(11)
-    for N, skip in [(R - 1, None), (R, None), (3 * R, None), (2 * R, 1), (2 * R, 0), (2 * R, 2)]:
-        key = torch.randint(0, R, (N,), generator=gen)
-        if skip is not None:  # table `skip` untouched
-            lo, hi = group._row_off[skip], group._row_off[skip + 1]
-            key = key[(key < lo) | (key >= hi)]
-        key = torch.cat([key, key[: N // 3]])  # repeats
-        g = torch.randn(key.numel(), D, generator=gen)
-        k1, r1, c1 = group._local_rows_sorted(key, g)
-        k2, r2, c2 = group._local_rows_dense(key, g)
-        n = int(c1.sum())
-        assert torch.equal(c1, c2) and n == int(key.unique().numel())
-        assert torch.equal(k1[:n], k2[:n]) and torch.equal(r1[:n], r2[:n])
-        assert k2.numel() == R and not k2[n:].any() and not r2[n:].any()
+    for n_ids, skip in [(R - 1, None), (R, None), (3 * R, None), (2 * R, "a"), (2 * R, "b"), (2 * R, "m")]:
+        feats = {}
+        for f, t in FEATURES.items():
+            rows = model.table(t).num_rows
+            lens = torch.randint(0, 2 * n_ids // (len(FEATURES) * B) + 1, (B,), generator=gen)
+            if t == skip:
+                lens.zero_()
+            n = int(lens.sum())
+            ids = torch.randint(0, rows, (n,), generator=gen)
+            feats[f] = (ids, lens.to(torch.int32), torch.rand(n, generator=gen) + 0.5)
+        sp = SparseFeatures.from_features(feats, batch_size=B)
+        values, offsets = sp.values, sp.offsets()
+        grad = torch.randn(B, sum(group.dims), generator=gen)
+        t1 = group._touched(values, offsets, sp.weights, dense=False)
+        t2 = group._touched(values, offsets, sp.weights, dense=True)
+        r1, r2 = group._touched_grads(grad, t1), group._touched_grads(grad, t2)
+        n = int(t1.counts.sum())
+        assert torch.equal(t1.counts, t2.counts) and n == int(t1.keys[:n].unique().numel()) > 0
+        assert torch.equal(t1.keys[:n], t2.keys[:n]) and torch.equal(r1[:n], r2[:n])
+        assert t2.keys.numel() == R and not t2.keys[n:].any() and not r2[n:].any()
+        if skip is not None:
+            ti = list(dict.fromkeys(FEATURES.values())).index(skip)
+            assert int(t1.counts[ti]) == 0
         checked += 1
     return checked
+
+
+class _Logged:
+    """The communicator, logging each dp_grad_* call (tag, async?) and each wait on its handle."""
+
+    def __init__(self, inner, log: list):
+        self._inner, self._log = inner, log
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _logged(self, op: str, *args, async_op=False, tag="", **kw):
+        got = getattr(self._inner, op)(*args, async_op=async_op, tag=tag, **kw)
+        if not tag.startswith("dp_grad_"):
+            return got
+        self._log.append(("call", tag, async_op))
+        if not async_op:
+            return got
+        from neo_train.comm.interface import Handle
+
+        return Handle(lambda: (self._log.append(("wait", tag)), got.wait())[1])
+
+    def all_gather_v(self, x, sizes, **kw):
+        return self._logged("all_gather_v", x, sizes, **kw)
+
+    def all_reduce(self, x, op="sum", **kw):
+        return self._logged("all_reduce", x, op, **kw)
+
+
+class _Mark(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, log):
+        ctx.log = log
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.log.append("mark")
+        return g, None
+
+
+def _overlap_body(comm):
+    from neo_train.kernels import SparseOptimizerSpec
+    from neo_train.sharding import ShardedEmbeddingBagCollection
+
+    log: list = []
+    plan = ShardingPlan.uniform(MODEL, "data_parallel", comm.world_size)
+    ebc = ShardedEmbeddingBagCollection(MODEL, plan, _Logged(comm, log), SparseOptimizerSpec("sgd", lr=0.1),
+                                        backend="reference", seed=5)  # fmt: skip
+    group = ebc.groups["data_parallel"]
+    out = []
+    for s, kind in enumerate(("few", "all_rows", "few")):  # auto: sparse, then dense twice (no counts)
+        log.clear()
+        h = torch.ones(B, 1, requires_grad=True)
+        m = _Mark.apply(h * 2.0, log)  # recorded before the lookup: its backward runs after the lookup's
+        y = ebc(_batch(s, kind, comm.rank))
+        log.append("forward done")
+        ((y * torch.randn(y.shape, generator=torch.Generator().manual_seed(s))).sum() + m.sum()).backward()
+        out.append((group.last_grad_sync, list(log)))
+    return out
+
+
+def test_the_gradient_exchange_overlaps_the_rest_of_the_backward() -> None:
+    """The counts exchange starts in the forward (the touched rows are known from the ids) and
+    is read in the backward; the gradient exchange starts in the lookup's backward and is waited
+    for once the graph is done, so the backward of what ran before the lookup runs meanwhile."""
+    for r in run_ranks(_overlap_body, 2):
+        (how0, log0), (how1, log1), (how2, log2) = r
+        assert how0 == "sparse" and log0 == [("call", "dp_grad_counts", True), "forward done", ("wait", "dp_grad_counts"),
+                                             ("call", "dp_grad_sparse", True), "mark", ("wait", "dp_grad_sparse")], log0  # fmt: skip
+        assert how1 == "dense" and log1 == [("call", "dp_grad_counts", True), "forward done", ("wait", "dp_grad_counts"),
+                                            ("call", "dp_grad_allreduce", True), "mark", ("wait", "dp_grad_allreduce")], log1  # fmt: skip
+        # after a dense step the next is dense at once: no counts exchange
+        assert how2 == "dense" and log2 == ["forward done", ("call", "dp_grad_allreduce", True), "mark",
+                                            ("wait", "dp_grad_allreduce")], log2  # fmt: skip

@@ -31,6 +31,14 @@ gathered rows and adds them in rank order, each rank's rows at distinct position
 row once), so not even atomics can reorder it. Tags: ``dp_grad_counts``, ``dp_grad_sparse``,
 ``dp_grad_allreduce``.
 
+When. The touched rows follow from the ids, so the forward finds them (sorted keys, or with no
+more rows R than ids N a mark per row: no sort) and starts the counts exchange; the backward of
+the lookup reads it, sums the ids' gradients into the touched rows and starts the chosen
+exchange; its wait, the sum over ranks and the update run once the backward's graph is done
+(an autograd-engine callback, after DDP's), so the rest of the backward overlaps the exchange.
+Every rank issues the same collectives in the same order (counts in the forward, gradients in
+the lookup's backward), from the thread that runs the forward and the backward.
+
 The update is applied by replaying the kernel: a batch with one bag per row, backward with that
 row's summed gradient. Every backend supports it through its public interface, and the optimizer
 sees exactly the row gradients of the unsharded model. The replay's sizes are upper bounds the
@@ -42,7 +50,8 @@ the same as with one bag per row.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -65,19 +74,46 @@ def _group_equal_keys(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return skey, first, seg, torch.empty_like(seg).index_copy_(0, order, seg)
 
 
+@dataclass
+class _Touched:
+    """This rank's touched rows of one batch, found in the forward (the ids are known there; only
+    their gradients wait for the backward): each id's bag and effective weight, each id's row
+    position ``pos`` among ``keys`` (M,) (the touched keys ascending, then key 0; M = the ids N,
+    or the group's rows R when R <= N: ``dense``, each id's position is its key), the per-table
+    counts (T,), and the counts exchange started for the backward's choice (None: dense)."""
+
+    bag: torch.Tensor
+    psw: torch.Tensor | None
+    pos: torch.Tensor
+    keys: torch.Tensor
+    counts: torch.Tensor
+    dense: bool
+    counts_handle: Any = None
+
+
 class _DataParallelLookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, anchor, group, values, offsets, weights):  # type: ignore[override]
-        ctx.group = group
-        ctx.saved = (values, offsets, weights)
+    def forward(ctx, anchor, group, values, offsets, weights, touched):  # type: ignore[override]
+        ctx.group, ctx.touched = group, touched
         with torch.no_grad():
             return group.kernel(values, offsets, weights)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        ctx.group.apply_global_update(grad, *ctx.saved)
-        ctx.saved = None
-        return torch.zeros((), device=grad.device), None, None, None, None
+        ctx.group.apply_global_update(grad, ctx.touched)
+        ctx.touched = None
+        return torch.zeros((), device=grad.device), None, None, None, None, None
+
+
+def _after_backward(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the running backward's graph is done, after the engine callbacks queued so
+    far have run (DDP's wait for its buckets; a tracer's bracket around that wait, which queues
+    its closing callback from its first): a callback that queues ``fn``. Outside a backward, now."""
+    engine = torch.autograd.Variable._execution_engine
+    try:
+        engine.queue_callback(lambda: engine.queue_callback(fn))
+    except RuntimeError:  # no backward running (a direct call)
+        fn()
 
 
 class DataParallelSharding(EmbeddingSharding):
@@ -135,32 +171,45 @@ class DataParallelSharding(EmbeddingSharding):
         return SparseFeatures.from_features({n: parts[n] for n in self.feature_names}, batch_size=b)
 
     def lookup(self, sparse: SparseFeatures) -> torch.Tensor:
-        return _DataParallelLookup.apply(self._anchor, self, sparse.values, sparse.offsets(), sparse.weights)
+        values, offsets, weights = sparse.values, sparse.offsets(), sparse.weights
+        touched = self._touched(values, offsets, weights) if torch.is_grad_enabled() else None
+        return _DataParallelLookup.apply(self._anchor, self, values, offsets, weights, touched)
 
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
         return pooled
 
     # ---- the backward: sum the row gradients over ranks, update every replica alike ----------
-    def apply_global_update(self, grad: torch.Tensor, values, offsets, weights) -> None:
-        """grad (b, sum D_f): sum the touched rows' gradients over ranks (dense or sparse, chosen
-        alike on every rank), then update every replica alike. One device-to-host copy."""
+    def _counts_first(self) -> bool:
+        """Whether this step exchanges the counts before choosing (else dense, counts inside)."""
         if self.grad_sync not in GRAD_SYNCS:
             raise ValueError(f"data-parallel grad_sync must be one of {GRAD_SYNCS}, got {self.grad_sync!r}")
+        # after a dense step (auto) the next is dense at once: its counts ride in its all-reduce
+        return not (self.grad_sync == "dense" or (self.grad_sync == "auto" and self._dense_next))
+
+    def apply_global_update(self, grad: torch.Tensor, touched: _Touched) -> None:
+        """grad (b, sum D_f): sum the touched rows' gradients over ranks (dense or sparse, chosen
+        alike on every rank), then update every replica alike. The exchange is started here and
+        finished (summed, replayed) when the backward's graph is done, so the rest of the
+        backward overlaps it; the counts exchange was started in the forward. One
+        device-to-host copy."""
         comm, W, T = self.ctx.comm, self.ctx.world_size, len(self._rows)
-        keys, rows, counts = self._local_rows(grad, values, offsets, weights)
+        rows = self._touched_grads(grad, touched)
+        keys, counts = touched.keys, touched.counts
         every = None
-        if self.grad_sync == "dense" or (self.grad_sync == "auto" and self._dense_next):
-            how = "dense"  # the last step's counts chose dense: this step's counts ride in its all-reduce
+        if touched.counts_handle is None:
+            how = "dense"
         else:
-            every = comm.all_gather_v(counts, [T] * W, tag="dp_grad_counts").view(W, T).tolist()
+            every = touched.counts_handle.wait().view(W, T).tolist()
             how = "sparse" if self.grad_sync == "sparse" or self._sparse_cheaper(every) else "dense"
-        if how == "sparse":
-            summed = self._sparse_sum(keys, rows, every)
-        else:
-            summed, every = self._dense_sum(keys, rows, counts, every)
-        self.last_grad_sync = how
-        self._dense_next = not self._sparse_cheaper(every)
-        self._replay(summed)
+        finish = self._sparse_sum(keys, rows, every) if how == "sparse" else self._dense_sum(keys, rows, counts, every)
+
+        def done() -> None:
+            summed, every_ = finish()
+            self.last_grad_sync = how
+            self._dense_next = not self._sparse_cheaper(every_)
+            self._replay(summed)
+
+        _after_backward(done)
 
     def _sparse_cheaper(self, every: list[list[int]]) -> bool:
         """Whether the sparse exchange of these (W, T) counts moves no more wire bytes per rank
@@ -170,65 +219,73 @@ class DataParallelSharding(EmbeddingSharding):
         sparse = (W - 1) * max(sum(c) for c in every) * 4 * (self._dmax + self._id_cols)
         return sparse <= dense
 
-    def _local_rows(self, grad: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, weights):
-        """This rank's touched rows, sorted by key (table by table, ascending ids), with their
-        summed gradients: keys (M,) int64, rows (M, D) float32 (D = the largest dim; a narrower
-        table's rows are zero-padded), and the per-table counts (T,) int64 on the device. Only the
-        first sum(counts) entries are rows, the rest key 0 and zeros; M = the batch's ids N, or
-        the group's rows R when R <= N (no device-to-host copy either way)."""
-        F, b, N = len(self.features), grad.shape[0], values.numel()
-        dev = grad.device
+    def _touched(self, values: torch.Tensor, offsets: torch.Tensor, weights, dense: bool | None = None) -> _Touched:
+        """The forward's half of the backward: which rows this batch touches (``_Touched``), and,
+        when this step exchanges the counts first, that exchange started (its result is read in
+        the backward). ``dense``: force the layout (tests; default: dense when R <= N). No
+        device-to-host copy."""
+        F, N = len(self.features), values.numel()
+        b = (offsets.numel() - 1) // F
+        dev = values.device
         psw = self.kernel.effective_weights(offsets, weights, N)
         lengths = offsets[1:] - offsets[:-1]
         bag = torch.repeat_interleave(torch.arange(F * b, device=dev), lengths, output_size=N)  # f * b + sample
-        if self._uniform:  # grad (b, F*D) as (b*F, D): bag f*b+s is row s*F+f
-            g = grad.reshape(b * F, self._dmax).index_select(0, (bag % b) * F + bag // b)
+        key = self._feature_key_base.repeat_interleave(b, output_size=F * b).index_select(0, bag) + values.to(torch.int64)
+        R = self._row_off[-1]
+        dense = R <= N if dense is None else dense
+        if dense:  # few rows (hot-row replicas): no sort; a mark per row, each id's position its key
+            touched = torch.zeros(R, dtype=torch.bool, device=dev).index_fill_(0, key, True)
+            below = torch.cat([key.new_zeros(1), torch.cumsum(touched, 0)]).index_select(0, self._row_off_t)
+            keys = torch.nonzero_static(touched, size=R, fill_value=0).flatten()
+            pos = key
         else:
-            pad = grad.new_zeros(F, b, self._dmax)
+            skey, first, seg, pos = _group_equal_keys(key)  # pos: the row each id sums into
+            keys = torch.zeros(N, dtype=torch.int64, device=dev).scatter_(0, seg, skey)
+            # distinct keys below each table's first key: seg[i - 1] + 1, i = that key's sorted position
+            below = torch.cat([seg.new_zeros(1), seg + 1]).index_select(0, torch.searchsorted(skey, self._row_off_t))
+        counts = below.diff()
+        handle = None
+        if self._counts_first():
+            W, T = self.ctx.world_size, len(self._rows)
+            handle = self.ctx.comm.all_gather_v(counts, [T] * W, async_op=True, tag="dp_grad_counts")
+        return _Touched(bag, psw, pos, keys, counts, dense, handle)
+
+    def _touched_grads(self, grad: torch.Tensor, t: _Touched) -> torch.Tensor:
+        """(M, D) float32: the summed gradient of each of ``t.keys`` (D = the largest dim; a
+        narrower table's rows zero-padded), zeros past the touched rows. Each id's gradient is
+        added in id order (both layouts: the same float sums)."""
+        F, b, D = len(self.features), grad.shape[0], self._dmax
+        if self._uniform:  # grad (b, F*D) as (b*F, D): bag f*b+s is row s*F+f
+            g = grad.reshape(b * F, D).index_select(0, (t.bag % b) * F + t.bag // b)
+        else:
+            pad = grad.new_zeros(F, b, D)
             for fi, d in enumerate(self.dims):
                 pad[fi, :, :d] = grad[:, self._col[fi] : self._col[fi + 1]]
-            g = pad.view(F * b, self._dmax).index_select(0, bag)
+            g = pad.view(F * b, D).index_select(0, t.bag)
         g = g.float()
-        if psw is not None:
-            g = g * psw.unsqueeze(1)
-        key = self._feature_key_base.repeat_interleave(b, output_size=F * b).index_select(0, bag) + values.to(torch.int64)
-        if self._row_off[-1] <= N:  # few rows (hot-row replicas): sum straight into every row
-            return self._local_rows_dense(key, g)
-        return self._local_rows_sorted(key, g)
+        if t.psw is not None:
+            g = g * t.psw.unsqueeze(1)
+        if not t.dense:
+            return torch.zeros(t.keys.numel(), D, device=g.device).index_add_(0, t.pos, g)
+        every_row = torch.zeros(self._row_off[-1], D, device=g.device).index_add_(0, t.pos, g)
+        real = torch.arange(t.keys.numel(), device=g.device) < t.counts.sum()
+        return every_row.index_select(0, t.keys).masked_fill_(~real.unsqueeze(1), 0.0)
 
-    def _local_rows_sorted(self, key: torch.Tensor, g: torch.Tensor):
-        """``_local_rows`` by sorting the ids' keys: N = key.numel() entries."""
-        N, dev = key.numel(), key.device
-        skey, first, seg, pos = _group_equal_keys(key)  # pos: the row each id sums into
-        keys = torch.zeros(N, dtype=torch.int64, device=dev).scatter_(0, seg, skey)
-        rows = torch.zeros(N, self._dmax, device=dev).index_add_(0, pos, g)
-        # distinct keys below each table's first key: seg[i - 1] + 1, i = that key's sorted position
-        below = torch.cat([seg.new_zeros(1), seg + 1]).index_select(0, torch.searchsorted(skey, self._row_off_t))
-        return keys, rows, below.diff()
-
-    def _local_rows_dense(self, key: torch.Tensor, g: torch.Tensor):
-        """``_local_rows`` when the group has no more rows R than the batch has ids (hot-row
-        replicas): no sort; each id's gradient added into a (R, D) buffer of every row (in id
-        order, as the sorted path adds them: the same sums), the touched rows read off a mark per
-        row. R entries; past the touched rows, key 0 and zero rows (as the sorted path's tail)."""
-        R, dev = self._row_off[-1], key.device
-        every_row = torch.zeros(R, self._dmax, device=dev).index_add_(0, key, g)
-        touched = torch.zeros(R, dtype=torch.bool, device=dev).index_fill_(0, key, True)
-        below = torch.cat([key.new_zeros(1), torch.cumsum(touched, 0)]).index_select(0, self._row_off_t)
-        keys = torch.nonzero_static(touched, size=R, fill_value=0).flatten()
-        real = torch.arange(R, device=dev) < below[-1]
-        rows = every_row.index_select(0, keys).masked_fill_(~real.unsqueeze(1), 0.0)
-        return keys, rows, below.diff()
-
-    def _sparse_sum(self, keys, rows, every: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """all_gather_v every rank's touched rows (gradient and id bits, one float32 tensor), then
-        sum them on every rank in rank order. Per table: (ids (N_t,), gradients (N_t, D_t)),
-        N_t = sum_j every[j][t], a row sent by several ranks once with its sum, then zeros."""
+    def _sparse_sum(self, keys, rows, every: list[list[int]]) -> Callable[[], tuple[list, list[list[int]]]]:
+        """Start the all_gather_v of every rank's touched rows (gradient and id bits, one float32
+        tensor); the returned finish waits and sums them on every rank in rank order. Per table:
+        (ids (N_t,), gradients (N_t, D_t)), N_t = sum_j every[j][t], a row sent by several ranks
+        once with its sum, then zeros; and ``every``."""
         W, D, c = self.ctx.world_size, self._dmax, self._id_cols
         n = [sum(x) for x in every]
         mine = n[self.ctx.rank]
         ids = keys[:mine].to(torch.int32 if c == 1 else torch.int64).view(torch.float32).view(mine, c)
-        got = self.ctx.comm.all_gather_v(torch.cat([rows[:mine], ids], 1), n, tag="dp_grad_sparse")  # (M, D + c)
+        handle = self.ctx.comm.all_gather_v(torch.cat([rows[:mine], ids], 1), n, async_op=True, tag="dp_grad_sparse")
+        return lambda: (self._sum_gathered(handle.wait(), n, every), every)  # (M, D + c) rows
+
+    def _sum_gathered(self, got: torch.Tensor, n: list[int], every: list[list[int]]) -> list:
+        """The gathered (M, D + c) rows (rank j's n[j] rows in turn) summed per key in rank order."""
+        W, D, c = self.ctx.world_size, self._dmax, self._id_cols
         gkey = got[:, D:].contiguous().view(torch.int32 if c == 1 else torch.int64).flatten().to(torch.int64)
         M = gkey.numel()
         skey, first, seg, pos = _group_equal_keys(gkey)  # received row i sums into pos[i]
@@ -246,12 +303,13 @@ class DataParallelSharding(EmbeddingSharding):
         return out
 
     def _dense_sum(self, keys, rows, counts, every: list[list[int]] | None = None
-                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[list[int]]]:  # fmt: skip
-        """all_reduce one float32 buffer: every table's (R_t, D_t) gradients, (R_t,) touched marks
-        and the (W, T) counts (rank r fills row r). Per table: the touched rows (ids (N_t,),
-        gradients (N_t, D_t)), N_t = min(R_t, sum_j every[j][t]) slots, the slots past the touched
-        rows filled with the first touched row and zeros; and the counts (read from the buffer,
-        the one device-to-host copy, unless ``every`` came from the counts exchange already)."""
+                   ) -> Callable[[], tuple[list, list[list[int]]]]:  # fmt: skip
+        """Start the all_reduce of one float32 buffer: every table's (R_t, D_t) gradients, (R_t,)
+        touched marks and the (W, T) counts (rank r fills row r); the returned finish waits and
+        gives, per table, the touched rows (ids (N_t,), gradients (N_t, D_t)), N_t = min(R_t,
+        sum_j every[j][t]) slots, the slots past the touched rows filled with the first touched
+        row and zeros; and the counts (read from the buffer, the one device-to-host copy, unless
+        ``every`` came from the counts exchange already)."""
         W, T, rank = self.ctx.world_size, len(self._rows), self.ctx.rank
         marks0 = sum(r * d for r, d in zip(self._rows, self._dims))
         counts0 = marks0 + self._row_off[-1]
@@ -269,7 +327,12 @@ class DataParallelSharding(EmbeddingSharding):
         real = (torch.arange(keys.numel(), device=keys.device) < counts.sum()).to(flat.dtype)
         flat[marks0:counts0].index_add_(0, keys, real)
         flat[counts0 + rank * T : counts0 + (rank + 1) * T] = counts.to(flat.dtype)
-        self.ctx.comm.all_reduce(flat, tag="dp_grad_allreduce")
+        handle = self.ctx.comm.all_reduce(flat, async_op=True, tag="dp_grad_allreduce")
+        return lambda: self._touched_of_sum(handle.wait(), keys, marks0, counts0, end, every)
+
+    def _touched_of_sum(self, flat: torch.Tensor, keys, marks0: int, counts0: int, end: int, every):
+        """The all-reduced buffer's touched rows per table, and the counts (``_dense_sum``)."""
+        W, T = self.ctx.world_size, len(self._rows)
         if every is None:
             every = flat[counts0:end].view(W, T).to(torch.int64).tolist()
         out, g_off = [], 0
