@@ -192,7 +192,7 @@ class DataParallelSharding(EmbeddingSharding):
         finished (summed, replayed) when the backward's graph is done, so the rest of the
         backward overlaps it; the counts exchange was started in the forward. One
         device-to-host copy."""
-        comm, W, T = self.ctx.comm, self.ctx.world_size, len(self._rows)
+        W, T = self.ctx.world_size, len(self._rows)
         rows = self._touched_grads(grad, touched)
         keys, counts = touched.keys, touched.counts
         every = None
@@ -234,9 +234,9 @@ class DataParallelSharding(EmbeddingSharding):
         R = self._row_off[-1]
         dense = R <= N if dense is None else dense
         if dense:  # few rows (hot-row replicas): no sort; a mark per row, each id's position its key
-            touched = torch.zeros(R, dtype=torch.bool, device=dev).index_fill_(0, key, True)
-            below = torch.cat([key.new_zeros(1), torch.cumsum(touched, 0)]).index_select(0, self._row_off_t)
-            keys = torch.nonzero_static(touched, size=R, fill_value=0).flatten()
+            marked = torch.zeros(R, dtype=torch.bool, device=dev).index_fill_(0, key, True)
+            below = torch.cat([key.new_zeros(1), torch.cumsum(marked, 0)]).index_select(0, self._row_off_t)
+            keys = torch.nonzero_static(marked, size=R, fill_value=0).flatten()
             pos = key
         else:
             skey, first, seg, pos = _group_equal_keys(key)  # pos: the row each id sums into
