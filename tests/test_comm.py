@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from neo_train.comm import CollectiveError, all_gather_v, all_to_all_v, make_codec, reduce_scatter_v
-from neo_train.testing import RankFailed, run_ranks
+from neo_train.testing import BackwardMark, RankFailed, run_ranks
 
 
 def _splits(seed: int, W: int) -> list[list[int]]:
@@ -151,20 +151,6 @@ class _Logged:
         return Handle(lambda: (self.log.append(("wait", tag)), got.wait())[1])
 
 
-class _Mark(torch.autograd.Function):
-    """Identity whose backward logs "mark": compute recorded between the exchange's start and wait."""
-
-    @staticmethod
-    def forward(ctx, x, log):
-        ctx.log = log
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.log.append("mark")
-        return g, None
-
-
 def _async_backward_body(comm, seed, codec):
     from neo_train.comm.autograd import all_to_all_v_async
 
@@ -177,7 +163,7 @@ def _async_backward_body(comm, seed, codec):
     outs = [sizes[i][r] for i in range(W)]
     pending = all_to_all_v_async(c, x * 1.0, sizes[r], outs, fwd, bwd, tag="t")
     h = _data(seed + 1, r, sum(outs)).requires_grad_()
-    m = _Mark.apply(h * 2.0, log)  # recorded after the start, before the wait (the bottom MLP's place)
+    m = BackwardMark.apply(h * 2.0, log)  # recorded after the start, before the wait (the bottom MLP's place)
     y = pending.wait()
     gy = _data(seed + 5, r, y.shape[0])
     ((y + m) * gy).sum().backward()

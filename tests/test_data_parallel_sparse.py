@@ -18,7 +18,7 @@ import torch
 from neo_train.config import ModelConfig, TableConfig
 from neo_train.data.batch import SparseFeatures
 from neo_train.sharding import ShardingPlan
-from neo_train.testing import run_ranks
+from neo_train.testing import BackwardMark, run_ranks
 
 
 def _model(dims: tuple[int, int, int]) -> ModelConfig:
@@ -256,18 +256,6 @@ class _Logged:
         return self._logged("all_reduce", x, op, **kw)
 
 
-class _Mark(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, log):
-        ctx.log = log
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.log.append("mark")
-        return g, None
-
-
 def _overlap_body(comm):
     from neo_train.kernels import SparseOptimizerSpec
     from neo_train.sharding import ShardedEmbeddingBagCollection
@@ -281,7 +269,7 @@ def _overlap_body(comm):
     for s, kind in enumerate(("few", "all_rows", "few")):  # auto: sparse, then dense twice (no counts)
         log.clear()
         h = torch.ones(B, 1, requires_grad=True)
-        m = _Mark.apply(h * 2.0, log)  # recorded before the lookup: its backward runs after the lookup's
+        m = BackwardMark.apply(h * 2.0, log)  # recorded before the lookup: its backward runs after the lookup's
         y = ebc(_batch(s, kind, comm.rank))
         log.append("forward done")
         ((y * torch.randn(y.shape, generator=torch.Generator().manual_seed(s))).sum() + m.sum()).backward()
