@@ -20,7 +20,7 @@ For each world size W (gloo ranks on this host, one torch thread each):
    Modes: ``pipelined`` (the trainer's default: a loader thread produces batches and the input
    dist runs a step ahead) and ``plain`` (``train.pipeline = false``: one thread).
 2. Calibrate the transport on W fresh ranks (``neo_train.topology.calibrate``; the file
-   ``neo-train calibrate --nproc W [--busy-ms X]`` writes): every collective kind x group size
+   ``neo-train calibrate --nproc W [--busy-ms X --overlap-ms Y]`` writes): every collective kind x group size
    2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
    per_rank) that fits better. A call's cost is what the simulator charges: the mean over
    iterations and the group's ranks of (return - the last rank's call). Two calibrations:
@@ -30,9 +30,11 @@ For each world size W (gloo ranks on this host, one torch thread each):
                intervals (the runs' duty cycle; nothing of their communication): the transport
                between CPU-bound ranks, which on a host with fewer free cores than busy
                processes waits for a core after every hand-off. Each cell is also launched
-               asynchronously, the ranks computing X x U(0, 1) before they wait, as training
-               overlaps its output dist and DDP's buckets with compute: fitted apart, for the
-               traces' asynchronous collectives
+               asynchronously, the ranks computing Y x U(0, 2) before they wait, Y = the median
+               over the runs of their mean compute between an asynchronous collective's launch
+               and its wait (``trace_input.trace_duty``), as training overlaps its output dist
+               and DDP's buckets with compute: fitted apart, for the traces' asynchronous
+               collectives (until 2026-11-23 Y was X / 2 whatever the runs overlapped)
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
@@ -72,10 +74,10 @@ MODES = ("pipelined", "plain")
 STEP_GOAL, COLL_GOAL = 0.15, 0.25
 
 
-def _calibrate_body(comm, sizes: list[int], iters: int, busy_s: float):
+def _calibrate_body(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | None = None):
     from neo_train.topology.calibrate import measure_collectives
 
-    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s)
+    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s)
 
 
 def _train_body(comm, cfg, plan_json: str, trace_dir: str):
@@ -136,14 +138,13 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path) -> dict
             "load_after": _load()}
 
 
-def compute_gap(trace_dir: str, warmup: int) -> float:
-    """Mean seconds of compute between two blocking intervals of a rank in the steady steps: the
-    length of the busy calibration's compute bursts (the run's duty cycle, not its communication)."""
-    from neo_train.topology.trace_input import load_trace, rank_timelines
+def duty(trace_dir: str, warmup: int) -> tuple[float, float]:
+    """(mean compute between two blocking intervals of a rank, mean compute while an asynchronous
+    collective is in flight) in the steady steps, seconds (``trace_duty``): the busy
+    calibration's compute bursts and its overlap."""
+    from neo_train.topology.trace_input import load_trace, trace_duty
 
-    blocks, _ = rank_timelines(load_trace(trace_dir))
-    gaps = [b.compute for bs in blocks.values() for b in bs if b.step is not None and b.step >= warmup]
-    return sum(gaps) / len(gaps) if gaps else 0.0
+    return trace_duty(load_trace(trace_dir), warmup)
 
 
 def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
@@ -174,14 +175,14 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
             "sim_wall_s": sim_s, "phases": len(tl.phases), "per_step": val.steps}
 
 
-def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0):
+def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0, overlap_s: float | None = None):
     from neo_train.topology.calibrate import fit_calibration
 
     t0 = time.perf_counter()
     load0 = _load()
-    samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, timeout_s=900)[0]
+    samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]
     meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load0, "load_after": _load(),
-            "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s,
+            "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
     name = f"calibration_w{W}" + (f"_busy{busy_s * 1e3:.2f}ms" if busy_s else "") + ".json"
@@ -251,15 +252,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"recorded W={W} {c['plan']:<5} {c['mode']:<9} (trainer {c['trainer_step_ms']:.2f} ms/step, "
                   f"load {c['load_before']:.2f}->{c['load_after']:.2f})", flush=True)
         cal_idle = calibrate(W, sizes, iters, workdir) if "idle" in calibrations else None
-        gap = statistics.median(compute_gap(c["trace"], warmup) for c in cases_w)
-        cal_busy = calibrate(W, sizes, iters, workdir, busy_s=gap) if "busy" in calibrations else None
+        duties = [duty(c["trace"], warmup) for c in cases_w]
+        gap, overlap = statistics.median(d[0] for d in duties), statistics.median(d[1] for d in duties)
+        cal_busy = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=overlap) if "busy" in calibrations else None
         for name, cal in (("idle", cal_idle), ("busy", cal_busy)):
             if cal is None or name not in calibrations:
                 continue
             cals[f"{W}:{name}"] = cal
-            print(f"[{name}{f', compute bursts {gap * 1e3:.2f} ms' if name == 'busy' else ''}] {cal.table()}", flush=True)
+            busy = f", compute bursts {gap * 1e3:.2f} ms, overlap {overlap * 1e3:.2f} ms" if name == "busy" else ""
+            print(f"[{name}{busy}] {cal.table()}", flush=True)
             for c in cases_w:
-                row = dict(c, calibration=name, busy_s=gap if name == "busy" else 0.0) | predict(c, cal, warmup)
+                row = dict(c, calibration=name, busy_s=gap if name == "busy" else 0.0,
+                           overlap_s=overlap if name == "busy" else 0.0) | predict(c, cal, warmup)
                 rows.append(row)
                 print(f"W={W} {c['plan']:<5} {c['mode']:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
                       f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}); worst collective "

@@ -508,10 +508,10 @@ def wrap_communicator(comm, cfg, local_world_size: int | None):
     return comm
 
 
-def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float):
+def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | None):
     from .topology.calibrate import measure_collectives
 
-    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s)
+    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s)
 
 
 def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -528,6 +528,8 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not out.parent.exists():
         raise ValueError(f"--out {out}: directory {out.parent} does not exist")
     sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
+    if args.overlap_ms is not None and not args.busy_ms:
+        raise ValueError("--overlap-ms applies to a busy calibration: give --busy-ms too")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() or 2)
         if nproc < 2:
@@ -544,12 +546,14 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     comm = init_distributed(timeout_s=args.timeout)
     if comm is None or comm.world_size < 2:
         raise ValueError("neo-train calibrate needs 2 or more ranks")
-    samples = _calibrate_rank(comm, sizes, args.iters, args.busy_ms / 1e3)
+    overlap_s = None if args.overlap_ms is None else args.overlap_ms / 1e3
+    samples = _calibrate_rank(comm, sizes, args.iters, args.busy_ms / 1e3, overlap_s)
     if comm.rank == 0:
         from .comm.probe import cpu_model
 
         meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load, "seconds": time.perf_counter() - t0,
-                "iters": args.iters, "busy_s": args.busy_ms / 1e3, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "iters": args.iters, "busy_s": args.busy_ms / 1e3, "overlap_s": overlap_s,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         cal = fit_calibration(samples, world_size=comm.world_size, transport=comm.backend, device=comm.device.type,
                               meta=meta)
         cal.save(out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -209,6 +210,8 @@ def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys
     assert simulate_command(args) == 0
     out = capsys.readouterr().out
     assert "each rank's recorded compute" in out and "predicted vs measured, 3 steady steps" in out
+    assert re.search(r"a calibration for this trace: neo-train calibrate --nproc 2 --busy-ms \d+\.\d\d --overlap-ms "
+                     r"\d+\.\d\d --out FILE", out), out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["network"] == "calibrated" and summary["measured_step_s"] > 0 and summary["predicted_step_s"] > 0
     # without a calibration: the same chains on a topology
@@ -327,7 +330,7 @@ def test_measure_collectives_on_gloo_ranks(busy_s):
     assert len(sync) == 4 * 2 * 2 and len(cells) == 4 * 2
     # a busy calibration also launches every cell asynchronously, the ranks computing meanwhile
     assert len(a) - len(sync) == (4 * 2 * 2 if busy_s else 0)
-    assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s for s in a)
+    assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s and s["overlap_s"] == busy_s / 2 for s in a)
     assert all(s["p25"] <= s["p50"] <= s["p75"] for s in sync)
 
 
@@ -450,6 +453,8 @@ def test_calibrate_command_checks_its_flags(tmp_path, capsys):
     assert rc == 2 and "does not exist" in err
     rc, out, err = _cli(["calibrate", "--out", tmp_path / "c.json", "--sizes", "lots"], capsys)
     assert rc == 2 and "--sizes: cannot read 'lots'" in err
+    rc, out, err = _cli(["calibrate", "--out", tmp_path / "c.json", "--overlap-ms", "2"], capsys)
+    assert rc == 2 and "--overlap-ms applies to a busy calibration: give --busy-ms too" in err
 
 
 @pytest.mark.slow
@@ -465,3 +470,14 @@ def test_benchmark_quick(tmp_path):
         assert r["collectives"] and r["steady_steps"] > 0
     assert set(report["calibrations"]) >= {"2:idle", "4:idle"}
     assert report["calibrations"]["2:idle"]["format"] == FORMAT
+
+
+def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):
+    """The hand trace's step 0: compute before each blocking interval (rank 0: 1, 2, 1, 0.5 ms;
+    rank 1: 3, 0.5, 2, 0.5) and between each async launch and its wait (rank 0: 2 and 0.5 ms,
+    rank 1: 0.5 and 0.5); the blocks outside a step count for neither."""
+    from neo_train.topology.trace_input import trace_duty
+
+    gap, overlap = trace_duty(load_trace(_hand_trace(tmp_path / "tr")))
+    assert gap * 1e3 == pytest.approx(10.5 / 8) and overlap * 1e3 == pytest.approx(3.5 / 4)
+    assert trace_duty(load_trace(tmp_path / "tr"), warmup_steps=1) == (0.0, 0.0)

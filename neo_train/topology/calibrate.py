@@ -464,7 +464,7 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
 
 def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kinds: Sequence[str] = KINDS,
                         groups: Sequence[int] | None = None, iters: int = 7, warmup: int = 2,
-                        busy_s: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+                        busy_s: float = 0.0, overlap_s: float | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
     Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
     group, bytes, seconds (the mean over iterations of ``_call_seconds``), p25 / p50 / p75 of the
@@ -474,9 +474,10 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     U(0.5, 1.5) seconds (one thread, a kernel that releases the GIL), so the ranks arrive skewed
     and, as in training, stay CPU-bound between collectives: on a host with fewer free cores than
     busy processes a woken rank then waits for a core, which is what communication costs there.
-    Each cell is then also launched asynchronously, the ranks computing for ``busy_s`` x U(0, 1)
-    before they wait (``async`` samples, seconds from ``_async_seconds``). Times are on the wall
-    clock (one host, or synchronised clocks)."""
+    Each cell is then also launched asynchronously, the ranks computing for ``overlap_s`` x
+    U(0, 2) before they wait (``async`` samples, seconds from ``_async_seconds``): the mean compute
+    a run does while its asynchronous collectives are in flight (default ``busy_s`` / 2). Times are
+    on the wall clock (one host, or synchronised clocks)."""
     import random
 
     import torch
@@ -488,6 +489,9 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         raise ValueError(f"measure_collectives: group sizes must lie in 2..{W}, got {groups}")
     if not (math.isfinite(busy_s) and busy_s >= 0):
         raise ValueError(f"measure_collectives: busy_s must be a finite number >= 0, got {busy_s}")
+    overlap_s = busy_s / 2 if overlap_s is None else overlap_s
+    if not (math.isfinite(overlap_s) and overlap_s >= 0):
+        raise ValueError(f"measure_collectives: overlap_s must be a finite number >= 0, got {overlap_s}")
     subs = {}
     for g in groups:  # every rank takes part in creating every group
         subs[g] = comm if g == W else comm.subgroup(list(range(g)), name=f"calibrate{g}")
@@ -532,7 +536,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                 if op is not None:
                     t[2, c, it] = time.time_ns()
                     handle = op(True)
-                    _busy(work, busy_s * rng.uniform(0.0, 1.0))
+                    _busy(work, overlap_s * rng.uniform(0.0, 2.0))
                     t[3, c, it] = time.time_ns()
                     _synchronised(handle.wait())
                     t[4, c, it] = time.time_ns()
@@ -544,7 +548,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         mine_g = got[:g, :, c, :]  # the group's ranks are 0..g-1
         per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
-        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s}
+        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s}
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2])})
         if busy_s > 0:
@@ -628,4 +632,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-ms", type=nonnegative_float, default=0.0,
                    help="every rank computes for about this long before each call (the run's compute between "
                         "collectives): calibrates the transport on a host whose ranks are CPU-bound (default 0: idle)")
+    p.add_argument("--overlap-ms", type=nonnegative_float, default=None,
+                   help="with --busy-ms: the ranks' mean compute while an asynchronous collective is in flight "
+                        "(the run's; `neo-train simulate --trace` prints it); default: half of --busy-ms")
     p.add_argument("--timeout", type=positive_float, default=300.0, help="collective timeout, seconds")

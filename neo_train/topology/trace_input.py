@@ -51,7 +51,7 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives"]
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duty"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -490,6 +490,30 @@ def rank_timelines(traces: Mapping[int, list]) -> tuple[dict[int, list[Block]], 
 
 def _lead(ns: Any) -> float | None:
     return None if ns is None else float(ns) / 1e9
+
+
+def trace_duty(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[float, float]:
+    """(gap, overlap) in seconds over the steps from ``warmup_steps`` on, every rank: the mean
+    compute between two blocking intervals (the busy calibration's compute bursts, ``--busy-ms``),
+    and the mean compute between an asynchronous collective's launch and its wait (what the
+    ranks compute while it is in flight, ``--overlap-ms``); 0.0 where the trace has none."""
+    blocks, _ = rank_timelines(traces)
+    gaps, overlaps = [], []
+    for bs in blocks.values():
+        for i, b in enumerate(bs):
+            if b.step is None or b.step < warmup_steps:
+                continue
+            gaps.append(b.compute)
+            if b.kind != "call" or b.sync:
+                continue
+            computed = 0.0
+            for later in bs[i + 1:]:
+                computed += later.compute
+                if later.kind == "wait" and b.colls[0] in later.colls:
+                    overlaps.append(computed)
+                    break
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    return mean(gaps), mean(overlaps)
 
 
 # a collective factory: (kind, group, {rank: entry}, name, after) -> (phases, the phase ranks join on),
