@@ -180,3 +180,46 @@ def test_async_all_to_all_backward_overlaps_what_ran_between_start_and_wait(code
     runs while it is in flight; the gradient is the mirror exchange's (uneven, zero splits)."""
     for log in run_ranks(_async_backward_body, 3, 13, codec):
         assert log == [("call", "t", True), ("wait", "t"), ("call", "t_bwd", True), "mark", ("wait", "t_bwd")], log
+
+
+def test_timing_books_what_the_caller_waited_apart_from_issue_to_done():
+    """TimingCommunicator: ``comm:<tag>`` runs from an asynchronous collective's launch to its
+    wait's return, ``blocked:<tag>`` only the launch and the wait (not the work in between); a
+    blocking collective is both."""
+    from neo_train.comm.interface import Handle
+    from neo_train.comm.timing import TimingCommunicator
+    from neo_train.train.timing import PhaseTimer
+
+    class Instant:
+        rank, world_size = 0, 1
+
+        def all_to_all_v(self, x, ins, outs, *, async_op=False, tag=""):
+            return Handle(lambda: x) if async_op else x
+
+    timer = PhaseTimer()
+    comm = TimingCommunicator(Instant(), timer)
+    x = torch.zeros(4)
+    handle = comm.all_to_all_v(x, [4], [4], async_op=True, tag="a")
+    time.sleep(0.05)  # the work the collective overlaps
+    handle.wait()
+    comm.all_to_all_v(x, [4], [4], tag="s")
+    t = timer.totals()
+    assert t["comm:a"] >= 0.05 and t["blocked:a"] < 0.01
+    assert t["blocked:s"] < 0.01 and t["comm:s"] < 0.01
+
+
+def test_a_paused_timer_books_nothing():
+    """PhaseTimer.paused (the trainer's evaluation): spans and additions closed inside are not
+    booked; outside, as before."""
+    from neo_train.train.timing import PhaseTimer
+
+    timer = PhaseTimer()
+    with timer("a"):
+        pass
+    with timer.paused():
+        with timer("a"):
+            time.sleep(0.02)
+        timer.add("b", 1.0)
+    timer.add("b", 0.5)
+    t = timer.totals()
+    assert t["a"] < 0.01 and t["b"] == 0.5

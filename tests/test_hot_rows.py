@@ -141,7 +141,7 @@ def _trainer_run(comm, hot_rows, ckpt_dir, steps, pipeline=True):
     result = trainer.run()
     tables = trainer.gather_state_dict()["tables"]
     switches = trainer.hot.switches if trainer.hot is not None else 0
-    return result.losses, tables, switches, result.comm_bytes_per_step
+    return result.losses, tables, switches, result.comm_bytes_per_step, trainer.step_breakdown(steps)
 
 
 @pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "plain"])
@@ -158,6 +158,10 @@ def test_trainer_with_hot_rows_switching_every_window_trains_like_without(pipeli
             torch.testing.assert_close(on[0][1][name][key], value, rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"table {name} {key}: {m}")  # fmt: skip
     assert on[0][3]["input_dist"] < off[0][3]["input_dist"], (on[0][3], off[0][3])
+    # the step breakdown books what the backward waited in its exchanges, not the work they
+    # overlapped (the replicas' exchange spans the rest of the backward): no phase below zero
+    for r in on + off:
+        assert min(r[4].values()) >= 0, r[4]
 
 
 def test_resume_with_hot_rows_continues_like_an_uninterrupted_run(tmp_path) -> None:

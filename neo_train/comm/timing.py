@@ -3,6 +3,10 @@
 Synchronous collectives are timed end to end; asynchronous ones from start to ``wait()``
 returning (with the timer's clock: host time on CPU, CUDA events on the stream on GPU). Totals land in a PhaseTimer under ``comm:<tag>``; the bytes this rank hands to each
 collective (its input tensor) are counted per tag in ``bytes_by_tag``.
+
+``blocked:<tag>`` is the part of that the caller spent inside the calls: all of a synchronous
+collective, the launch and the ``wait()`` of an asynchronous one (not the work it overlapped),
+so a phase breakdown can subtract it from the phase that waited (``Trainer.step_breakdown``).
 """
 from __future__ import annotations
 
@@ -31,14 +35,17 @@ class TimingCommunicator(Communicator):
     def _timed(self, tag: str, call, async_op: bool):
         start = self.timer.start()
         out = call()
-        key = f"comm:{tag or 'untagged'}"
+        key, blocked = f"comm:{tag or 'untagged'}", f"blocked:{tag or 'untagged'}"
+        self.timer.stop(blocked, start)
         if not async_op:
             self.timer.stop(key, start)
             return out
 
         def wait() -> torch.Tensor:
+            waited = self.timer.start()
             r = out.wait()
             self.timer.stop(key, start)
+            self.timer.stop(blocked, waited)
             return r
 
         return Handle(wait, _future=out._future)

@@ -33,6 +33,7 @@ class PhaseTimer:
         self._n: dict[str, int] = defaultdict(int)
         self.cuda = cuda and torch.cuda.is_available()
         self._unread: list[tuple[str, Any, Any]] = []  # CUDA: (phase, start event, end event)
+        self._paused = 0  # > 0: spans closed now are not booked (``paused``)
 
     def start(self) -> Any:
         """A start mark: a recorded CUDA event, or the host clock."""
@@ -44,6 +45,8 @@ class PhaseTimer:
 
     def stop(self, phase: str, start: Any) -> None:
         """Close a span opened by ``start()`` and book it under ``phase``."""
+        if self._paused:
+            return
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -60,7 +63,19 @@ class PhaseTimer:
         finally:
             self.stop(phase, start)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Book nothing that closes inside (evaluation: its lookups and exchanges are no part of
+        the training steps' breakdown)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
     def add(self, phase: str, seconds: float) -> None:
+        if self._paused:
+            return
         self._t[phase] += seconds
         self._n[phase] += 1
 

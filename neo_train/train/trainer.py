@@ -276,8 +276,9 @@ class Trainer:
         forward; pipelined: starting the next batch's, between forward and backward);
         pipeline_wait: what the pipelined step still waited for its ids; lookup / output_dist:
         the embedding stages of the forward; dense_forward: the rest of the forward;
-        embedding_comm_backward: the embedding collectives of the backward (mirror exchanges,
-        DP gradient all-reduce); backward_other: the rest of the backward (fused sparse update,
+        embedding_comm_backward: what the backward waited in its embedding collectives (mirror
+        exchanges, the data-parallel gradient exchange; launches and waits, not the work they
+        overlap); backward_other: the rest of the backward (fused sparse update,
         dense gradients, DDP's all-reduce as far as it is not overlapped); optimizer: the dense
         optimizer step; cache_wait (cached tables): what a step waited for its rows' prefetch;
         check_inputs: the host-side input checks; data: producing batches
@@ -288,7 +289,10 @@ class Trainer:
         pipelined = "pipeline_wait" in t
         # plain loop: the input dist runs inside the forward; pipelined: outside it
         emb_fwd = t.get("lookup", 0.0) + t.get("output_dist", 0.0) + (0.0 if pipelined else t.get("input_dist", 0.0))
-        comm_bwd = sum(v for k, v in t.items() if k.startswith("comm:") and (k.endswith("_bwd") or k.startswith("comm:dp_grad_")))
+        # the backward's embedding exchanges as far as the backward waited in them (an
+        # asynchronous one's launch and wait, not the work it overlapped: TimingCommunicator)
+        comm_bwd = sum(v for k, v in t.items()
+                       if k.startswith("blocked:") and (k.endswith("_bwd") or k.startswith("blocked:dp_grad_")))
         out = {
             "input_dist": t.get("input_dist", 0.0),
             "pipeline_wait": t.get("pipeline_wait", 0.0),
@@ -311,6 +315,12 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Metrics over the held-out batches (every rank's); none of its time is booked in the
+        step breakdown."""
+        with self.timer.paused():
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, float]:
         self.model.eval()
         data = self._eval_data if self._eval_data is not None else make_data(self.cfg, "eval", self.rank, self.world_size)
         logits, labels = [torch.zeros(0)], [torch.zeros(0)]
