@@ -16,6 +16,7 @@ GPU tests (``@gpu``: marked ``gpu`` and skipped without CUDA):
     test_pipelined_equals_plain_on_gpu   cfg.train.pipeline on vs off, on cuda
     test_gloo_ranks_share_one_gpu        2 gloo ranks with CUDA tensors on one GPU vs 2 CPU ranks
     test_steady_state_host_syncs         <= 2 synchronising calls per pipelined step
+    test_positions_where_on_gpu_needs_no_sync  the sync-free position select (hot-row split, TW sparse output)
 
 CPU tests (not GPU-marked: they run in CI): the registry's ``auto`` policy on CUDA, and the
 Triton parity harness itself at toy sizes under Triton's interpreter, so the GPU test's code
@@ -561,6 +562,27 @@ def test_steady_state_host_syncs(strict_fp32, monkeypatch: pytest.MonkeyPatch) -
         f"{per_step:.1f} host syncs per steady-state step (goal <= {SYNCS_PER_STEP}); "
         f"by call site over {n} steps: {sites.most_common(15)}"
     )
+
+
+@gpu
+def test_positions_where_on_gpu_needs_no_sync() -> None:
+    """The hot-row id split and the table-wise sparse output exchange select positions of a
+    device mask whose count the host already has (``nonzero_static`` on a GPU): equal to the
+    CPU's positions on awkward masks, and no synchronising call."""
+    from neo_train.sharding.common import positions_where
+
+    from test_sharding import _position_masks  # noqa: E402  (tests/ is on the path)
+
+    masks = list(_position_masks("cuda"))
+    counts = [int(m.sum()) for m in masks]  # read before the checked window
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = [positions_where(m, c) for m, c in zip(masks, counts)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for m, c, g in zip(masks, counts, got):
+        assert g.is_cuda and g.tolist() == positions_where(m.cpu(), c).tolist(), (m.numel(), c)
 
 
 # ==== registry policy (CPU: not GPU tests) =======================================================

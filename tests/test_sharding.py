@@ -224,3 +224,21 @@ def test_column_permutation_matches_index_select(seed):
         assert torch.equal(x.grad, y.grad)
     assert ColumnPermutation(blocks, n).by_runs and not ColumnPermutation(keep, n).by_runs
     assert ColumnPermutation(list(range(n)), n).identity and not ColumnPermutation(many, n + 80).by_runs
+
+
+def _position_masks(device: str = "cpu"):
+    """Masks of awkward sizes and densities: empty, one entry, none / all / some true."""
+    g = torch.Generator().manual_seed(7)
+    yield torch.zeros(0, dtype=torch.bool, device=device)
+    for n in (1, 2, 7, 1000, 4099):
+        for p in (0.0, 0.03, 0.5, 1.0):
+            yield (torch.rand(n, generator=g) < p).to(device)
+
+
+def test_positions_where_are_the_true_positions_in_order() -> None:
+    from neo_train.sharding.common import positions_where
+
+    for mask in _position_masks():
+        want = [i for i, v in enumerate(mask.tolist()) if v]
+        got = positions_where(mask, len(want))
+        assert got.dtype == torch.int64 and got.tolist() == want, (mask.numel(), len(want))

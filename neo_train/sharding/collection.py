@@ -33,7 +33,7 @@ from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
 from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
-from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids
+from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids, positions_where
 from .data_parallel import DataParallelSharding
 from ..planning.hot_rows import hot_row_refusal
 from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
@@ -350,15 +350,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
         n_hot = hot_len.sum(1).tolist()  # the one device-to-host read
         n_cold = [m - h for m, h in zip(n, n_hot)]
         cold = ~hot
-        pick_cold, pick_hot = _picker(cold, N - sum(n_hot)), _picker(hot, sum(n_hot))
-        cold_vals = pick_cold(vals).split(n_cold)
-        hot_slot = pick_hot(slot) if slot_map is not None else key_slots.index_select(0, pick_hot(pos))
+        at_cold, at_hot = positions_where(cold, N - sum(n_hot)), positions_where(hot, sum(n_hot))
+        cold_vals = vals.index_select(0, at_cold).split(n_cold)
+        hot_slot = (slot.index_select(0, at_hot) if slot_map is not None
+                    else key_slots.index_select(0, pos.index_select(0, at_hot)))
         hot_slots = hot_slot.to(vals.dtype).split(n_hot)
         if weights[0] is None:
             cold_w = hot_w = (None,) * F
         else:
             w = torch.cat(weights)
-            cold_w, hot_w = pick_cold(w).split(n_cold), pick_hot(w).split(n_hot)
+            cold_w, hot_w = w.index_select(0, at_cold).split(n_cold), w.index_select(0, at_hot).split(n_hot)
         out = dict(parts)
         out.update(zip(feats, zip(cold_vals, cold_len.unbind(0), cold_w)))
         out.update(zip((f + HOT_SUFFIX for f in feats), zip(hot_slots, hot_len.unbind(0), hot_w)))
@@ -516,12 +517,3 @@ def _check_hot_rows(model: ModelConfig, plan: ShardingPlan, hot_rows: dict[str, 
         if why:
             raise ValueError(f"hot_rows: {why}")
 
-
-def _picker(mask: torch.Tensor, count: int):
-    """x -> x's entries where ``mask`` holds, in order; ``count`` of them (known on the host).
-    A masked select on the CPU; on a GPU the positions by ``nonzero_static`` (its size given, so
-    no device-to-host sync), computed once for every tensor picked with the same mask."""
-    if mask.device.type == "cpu":
-        return lambda x: x.masked_select(mask)
-    at = torch.nonzero_static(mask, size=count).flatten()
-    return lambda x: x.index_select(0, at)

@@ -34,6 +34,7 @@ __all__ = [
     "ColumnPermutation",
     "build_kernel",
     "flat_exchange",
+    "positions_where",
 ]
 
 
@@ -192,6 +193,16 @@ class ColumnPermutation:
         if self.index.device != x.device:
             self.index = self.index.to(x.device)
         return x.index_select(1, self.index)
+
+
+def positions_where(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The positions (int64, ascending) where the 1-D bool ``mask`` holds, ``count`` of them (a
+    number the caller already has on the host). On the CPU ``nonzero`` (reading its size costs
+    nothing there, and it is the fastest); on a GPU ``nonzero_static`` of the known size, so no
+    device-to-host sync (plain boolean indexing would need one)."""
+    if mask.device.type == "cpu":
+        return mask.nonzero().flatten()
+    return torch.nonzero_static(mask, size=count).flatten()
 
 
 def _weights_as_int64(w: torch.Tensor) -> torch.Tensor:

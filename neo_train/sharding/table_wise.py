@@ -29,7 +29,7 @@ import torch
 
 from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
-from .common import EmbeddingSharding, GroupFeature, ColumnPermutation, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange
+from .common import EmbeddingSharding, GroupFeature, ColumnPermutation, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange, positions_where
 
 __all__ = ["TableWiseSharding"]
 
@@ -176,10 +176,10 @@ class TableWiseSharding(EmbeddingSharding):
         counts.index_add_(0, recv_peer + W, rm.to(torch.int64))
         n = counts.tolist()  # the one host sync of the sparse exchange: both sides' split sizes
         ins, outs = [x * g for x in n[:W]], [x * g for x in n[W:]]
-        send = pooled.reshape(-1, g).index_select(0, send_at.index_select(0, _selected(sm, sum(n[:W])))).reshape(-1)
+        send = pooled.reshape(-1, g).index_select(0, send_at.index_select(0, positions_where(sm, sum(n[:W])))).reshape(-1)
         pending = all_to_all_v_async(self.ctx.comm, send, ins, outs, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                      "output_dist", ([g] * W, [g] * W))  # fmt: skip
-        at = recv_at.index_select(0, _selected(rm, sum(n[W:])))
+        at = recv_at.index_select(0, positions_where(rm, sum(n[W:])))
         C_tot = sum(self.widths) // g
 
         def finish() -> torch.Tensor:
@@ -237,13 +237,3 @@ class TableWiseSharding(EmbeddingSharding):
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
 
-
-def _selected(mask: torch.Tensor, total: int) -> torch.Tensor:
-    """The positions where ``mask`` (1-D bool) is True, ascending, given their number ``total``
-    (known on the host): a scatter of each selected position to its rank among the selected, so no
-    device-to-host sync (boolean indexing would need one for its size)."""
-    rank = torch.cumsum(mask.to(torch.int64), 0) - 1
-    slot = torch.where(mask, rank, torch.full_like(rank, total))  # the unselected all land on a spare slot
-    out = torch.zeros(total + 1, dtype=torch.int64, device=mask.device)
-    out.scatter_(0, slot, torch.arange(mask.numel(), dtype=torch.int64, device=mask.device))
-    return out[:total]
