@@ -15,6 +15,7 @@ from neo_train.testing import run_ranks
 from neo_train.train import Trainer
 from neo_train.train.checkpoint import (
     CheckpointError,
+    check_resumable,
     checkpoint_dir,
     data_start_batch,
     find_latest,
@@ -341,8 +342,10 @@ def test_latest_naming_a_damaged_or_outside_checkpoint_is_an_error(tmp_path):
 
 
 def test_a_damaged_newest_checkpoint_names_the_older_complete_one(tmp_path):
-    """Resuming from a newest checkpoint whose file is damaged fails (hashes are checked on load)
-    and says which older checkpoint is complete and how to resume from it; doing so works."""
+    """Resuming from a newest checkpoint whose file is damaged fails (hashes are checked on load;
+    sizes already before launch, ``check_resumable``) and says which older checkpoint is complete
+    and what to do; doing just that (removing the damaged one) resumes from it. With no older one
+    the message says how to start afresh."""
     cfg = _cfg()
     t = Trainer(cfg, progress=False)
     _train(t, 0, 1)
@@ -352,11 +355,20 @@ def test_a_damaged_newest_checkpoint_names_the_older_complete_one(tmp_path):
     data = bytearray((second / "__0_0.distcp").read_bytes())
     data[len(data) // 2] ^= 0x01
     (second / "__0_0.distcp").write_bytes(data)
-    with pytest.raises(CheckpointError, match=r"'__0_0.distcp'.*an older checkpoint, step_00000001, is complete"):
+    hint = r"remove .*step_00000002 to resume from the older step_00000001, at step 1"
+    with pytest.raises(CheckpointError, match=rf"'__0_0.distcp'.*corrupted.*{hint}"):
         resume_from_latest(Trainer(cfg, progress=False), tmp_path)
-    shutil.move(second, tmp_path.parent / "damaged")
-    (tmp_path / "latest").unlink()
+    (second / "__0_0.distcp").write_bytes(data[:100])  # truncated: the launcher's size check sees it
+    with pytest.raises(CheckpointError, match=rf"'__0_0.distcp'.*truncated.*{hint}"):
+        check_resumable(tmp_path, cfg)
+    shutil.rmtree(second)  # what the message says ('latest' still names the removed one)
+    assert check_resumable(tmp_path, cfg).name == "step_00000001"
     assert resume_from_latest(Trainer(cfg, progress=False), tmp_path)[0] == 1
+    first = tmp_path / "step_00000001"
+    (first / "__0_0.distcp").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"truncated.*remove .*step_00000001 to start afresh, or use --no-resume"):
+        check_resumable(tmp_path, cfg)
+
 
 def _run_to(tmp_path, steps, **kw):
     cfg = _cfg()

@@ -170,18 +170,19 @@ def resume_from_latest(trainer: "Trainer", root: str | Path) -> tuple[int, int]:
     try:
         step = load_checkpoint(trainer, latest)
     except CheckpointError as e:
-        older = _older_complete(root, latest)
-        if older is None:
-            raise
-        raise CheckpointError(f"{e} (an older checkpoint, {older.name}, is complete: move {latest.name} out of "
-                              f"{root} and remove {Path(root) / LATEST} to resume from it)") from e
+        raise CheckpointError(f"{e}{_damaged_hint(root, latest)}") from e
     return step, data_start_batch(latest, trainer.world_size, trainer.cfg.train.batch_size)
 
 
-def _older_complete(root: str | Path, newest: Path) -> Path | None:
-    """The newest complete checkpoint under ``root`` other than ``newest`` (None if none)."""
-    older = [(s, c) for s, c in _complete_checkpoints(Path(root)) if c != newest]
-    return max(older, key=lambda sc: sc[0], default=(0, None))[1]
+def _damaged_hint(root: str | Path, damaged: Path) -> str:
+    """What to do about a damaged newest checkpoint ``damaged``: resume from the next older
+    complete one under ``root`` (if any), or start afresh."""
+    older = [(s, c) for s, c in _complete_checkpoints(Path(root)) if c != damaged]
+    if not older:
+        return f" (remove {damaged} to start afresh, or use --no-resume or another --checkpoint-dir)"
+    step, prev = max(older, key=lambda sc: sc[0])
+    return (f" (remove {damaged} to resume from the older {prev.name}, at step {step}; or start afresh with "
+            f"--no-resume or another --checkpoint-dir)")
 
 
 def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -235,7 +236,10 @@ def check_resumable(root: str | Path, cfg: Config) -> Path | None:
     latest = find_latest(root)
     if latest is None:
         return None
-    verify_checkpoint(latest, hashes=False)
+    try:
+        verify_checkpoint(latest, hashes=False)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}{_damaged_hint(root, latest)}") from None
     meta = _read_json(latest / META)
     _check_compatible(meta, cfg, latest)
     step = meta.get("step") if isinstance(meta, dict) else None
