@@ -3,7 +3,7 @@ the cost of tracing.
 
     python benchmarks/collectives.py                 # W in {2, 4}, 1 KB .. 4 MB per peer
     python benchmarks/collectives.py --quick         # W = 2, three sizes, few iterations
-    python benchmarks/collectives.py --json out.json
+    python benchmarks/collectives.py --json out.json --png out.png   # + time vs size per (op, W)
 
 All-to-all rows: every rank sends ``size`` bytes to every peer (float32), i.e. the all_to_all_v of
 a (W * size/4,) tensor with equal splits; native = ``dist.all_to_all_single``. All-reduce rows:
@@ -22,6 +22,10 @@ Time per collective: every rank runs ``iters`` timed calls of each variant, the 
 turns call by call (a noisy stretch on a shared host hits all alike), each after a barrier; a
 rank's time is its median; the table reports the slowest rank's median.
 
+The chart (``--png``, drawn from the JSON report alone): median time per call against bytes per
+peer, log-log, one panel per (operation, W), native in black; each legend entry gives the ratio
+to native at the largest size.
+
 Tracing overhead: the same all_to_all_v loop through TracingCommunicator and without it, and the
 tracer's bookkeeping alone (a no-op inner communicator: no network noise).
 
@@ -36,10 +40,12 @@ writes the same):
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +54,10 @@ from neo_train.comm.schedules.rules import parse_bytes
 from neo_train.comm.interface import Communicator
 from neo_train.comm.schedules import TopologyHint
 from neo_train.comm.trace import TracingCommunicator
-from neo_train.testing import run_ranks
+from neo_train.testing import cpu_model, run_ranks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # report_io, when imported as a module
+from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
 
 A2A_ALGS = ["pairwise", "bruck", "hierarchical", "opera"]
 AR_ALGS = ["ring", "halving_doubling", "dps", "hierarchical"]
@@ -154,7 +163,7 @@ def _slowest(per_rank: list[list[dict]]) -> list[dict]:
 
 
 def _fmt_size(b: int) -> str:
-    return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
+    return f"{b / 2**20:.4g} MB" if b >= 1 << 20 else f"{b / 2**10:.4g} KB" if b >= 1 << 10 else f"{b} B"
 
 
 def _moved(op: str, W: int, size: int) -> float:
@@ -169,9 +178,6 @@ def _calibrate_body(comm, sizes, iters: int, busy_s: float):
 
 def _calibrate(path: str, W: int, sizes: list[int] | None, iters: int, busy_s: float) -> int:
     """Measure and fit the simulator's calibration on W local gloo ranks; write it to ``path``."""
-    import os
-
-    from neo_train.testing import cpu_model
     from neo_train.topology.calibrate import fit_calibration
 
     load, t0 = os.getloadavg()[0], time.perf_counter()
@@ -191,10 +197,78 @@ def _calibrate(path: str, W: int, sizes: list[int] | None, iters: int, busy_s: f
     return 0
 
 
+def _median_s(times: dict[str, Any], alg: str) -> float:
+    """A report cell's median seconds; 0 where the cell is missing or empty (nothing to draw)."""
+    t = times.get(alg)
+    return t[0] if t and t[0] else 0.0
+
+
+def write_png(path: str, report: dict[str, Any]) -> None:
+    """Median time per call vs bytes per peer, log-log: a panel per (op, W) in ``report["collectives"]``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatter, NullLocator
+
+    rows = report["collectives"]
+    ops = [op for op in ("all_to_all_v", "all_reduce") if any(r["op"] == op for r in rows)]
+    ops += sorted({r["op"] for r in rows} - set(ops))
+    worlds = sorted({r["W"] for r in rows})
+    colors = {a: f"C{i}" for i, a in enumerate(dict.fromkeys(A2A_ALGS + AR_ALGS))}
+    # a row per op and a column per W; a single W: the ops side by side
+    nr, nc = (len(ops), len(worlds)) if len(worlds) > 1 else (1, len(ops))
+    fig, axes = plt.subplots(nr, nc, figsize=(6.4 * nc, 5.4 * nr), squeeze=False)
+    for (oi, op), (wi, W) in ((o, w) for o in enumerate(ops) for w in enumerate(worlds)):
+        ax = axes[oi][wi] if len(worlds) > 1 else axes[0][oi]
+        sel = sorted((r for r in rows if r["op"] == op and r["W"] == W), key=lambda r: r["size"])
+        if not sel:
+            ax.set_axis_off()
+            continue
+        algs = list(dict.fromkeys(a for r in sel for a in r["times"]))
+        for a in ["native"] + [a for a in algs if a != "native"]:
+            # (size, median s) where measured: a missing cell or a zero time has no place on a log axis
+            pts = [(r["size"], _median_s(r["times"], a)) for r in sel if _median_s(r["times"], a) > 0]
+            if not pts:
+                continue
+            if a == "native":
+                label, style = "native (gloo)", {"color": "k", "lw": 2.8, "marker": "s", "zorder": 3}
+            else:
+                color = colors.setdefault(a, f"C{len(colors) % 10}")  # an algorithm registered since
+                label, style = a, {"color": color, "lw": 1.4, "marker": "o", "ms": 4}
+                nat, t = _median_s(sel[-1]["times"], "native"), _median_s(sel[-1]["times"], a)
+                if nat and t:  # the number this benchmark exists for, at the largest size
+                    label += f": {t / nat:.2f}x native at {_fmt_size(sel[-1]['size'])}"
+            ax.plot([p[0] for p in pts], [p[1] * 1e6 for p in pts], label=label, **style)
+        sizes = [r["size"] for r in sel]
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlim(min(sizes) / 2, max(sizes) * 2)
+        ax.set_xticks(sizes, [_fmt_size(s) for s in sizes], fontsize=8)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(LogFormatter())  # 300, 1000 rather than 3 x 10^2
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        ax.grid(True, which="both", lw=0.3, alpha=0.5)
+        ax.set_xlabel("bytes per peer" + (" (tensor = W x size)" if op == "all_reduce" else ""))
+        ax.set_ylabel("median time per call (µs, slowest rank)")
+        ax.set_title(f"{op}, W = {W}", fontsize=11)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    m = report.get("machine")  # absent from reports written before the chart existed
+    where = f"{m['cpu']}, {m['cpu_count']} CPUs" if m else "machine not recorded"
+    if m and "loadavg_1m_at_end" in m:
+        where += f", load average {m['loadavg_1m_at_start']:.2f} at start, {m['loadavg_1m_at_end']:.2f} at end"
+    fig.suptitle(("SMOKE RUN (--quick, toy sizes) - not a measurement\n" if report.get("quick") else "")
+                 + f"schedule executor vs native gloo collectives: {where}", fontsize=11)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="W = 2, three sizes, few iterations")
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--png", default="", help="write the chart here: time per call vs size, a panel per (op, W)")
     ap.add_argument("--iters", type=int, default=0, help="timed calls per cell (default 20, quick 5)")
     ap.add_argument("--sizes", default="", help="bytes per peer, comma-separated (e.g. 1MB,4MB)")
     ap.add_argument("--algorithms", default="", help="only these algorithms, comma-separated (e.g. pairwise,ring)")
@@ -213,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(parse_bytes(v)) for v in args.sizes.split(",")]
     iters = args.iters or (5 if args.quick else 20)
     only = set(args.algorithms.split(",")) if args.algorithms else None
+    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "loadavg_1m_at_start": os.getloadavg()[0]}  # fmt: skip
     rows: list[dict] = []
     for W in worlds:
         a2a = [a for a in A2A_ALGS if not (a == "hierarchical" and W == 2) and (only is None or a in only)]
@@ -243,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     plain_us, traced_us = _bookkeeping_us()
     print(f"tracer bookkeeping alone (no-op communicator): {traced_us - plain_us:.1f} us per call "
           f"({plain_us:.2f} us untraced, {traced_us:.2f} us traced)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"collectives": rows, "tracing": tr_rows, "tracer_bookkeeping_us": traced_us - plain_us}, f, indent=1)
+    info["loadavg_1m_at_end"] = os.getloadavg()[0]
+    report = {"benchmark": "collectives", "quick": args.quick, "machine": info, "args": vars(args), "collectives": rows,
+              "tracing": tr_rows, "tracer_bookkeeping_us": traced_us - plain_us}  # fmt: skip
+    write_outputs(report, args.json, args.png, write_png, indent=1)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Fused embedding backends vs per-table torch.nn.EmbeddingBag: forward and training-step time.
 
     python benchmarks/embedding.py                       # both default configs, every backend
-    python benchmarks/embedding.py --quick --json out.json
+    python benchmarks/embedding.py --quick --json out.json --png out.png
     python benchmarks/embedding.py --configs dlrm26 --backends fbgemm --repeats 10
 
 Configs (ids uniform over each table's rows; every table pooled by sum over L ids per bag):
@@ -29,12 +29,15 @@ Bytes moved (a lower bound: compulsory traffic, every byte counted once; caches 
 GB/s = bytes / median time. "% copy" compares it with a large tensor copy measured in the same
 run (bytes read + written per second), the practical memory-bandwidth ceiling of this machine.
 Times are medians over --repeats iterations after --warmup iterations, cycling 3 batches.
+
+The chart (``--png``, drawn from the JSON report alone): GB/s of forward and of the training step
+per config, a bar per implementation (the torch baseline grey, hatched), each labelled with its
+median ms; the right axis gives the % of the copy bandwidth.
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -42,7 +45,8 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -50,7 +54,10 @@ from torch import nn
 from neo_train.kernels import SparseOptimizerSpec, TableSpec, available_backends, create_embedding_bag
 from neo_train.kernels.init import init_table
 
-__all__ = ["Config", "main"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # report_io, when imported as a module
+from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: run as a script)
+
+__all__ = ["Config", "main", "write_png"]
 
 # Model-A-shaped dims: 100 multiples of 4 in 4..384, mean 92.56 (counts per dim fixed here, order
 # shuffled with a fixed seed so neighbouring tables differ).
@@ -276,6 +283,74 @@ def print_table(rows: list[dict], copy_gbs: float) -> None:
         )
 
 
+def _gbs(r: dict[str, Any], k: str) -> float | None:
+    """Row ``r``'s GB/s for ``k`` in ("fwd", "step"); None where a time or byte count is missing or zero."""
+    if r.get(f"{k}_gbs"):
+        return r[f"{k}_gbs"]
+    ms, b = r.get(f"{k}_ms"), r.get(f"{k}_bytes")
+    return b / ms / 1e6 if ms and b else None
+
+
+def _shape_text(c: dict[str, Any] | None) -> str:
+    """A second tick-label line from the report's ``asdict(Config)``: T, B, L and the mean D."""
+    if not c:
+        return ""
+    return f"\nT={len(c['rows'])} B={c['batch']} L={c['pooling']} mean D={sum(c['dims']) / len(c['dims']):.0f}"
+
+
+def write_png(path: str, report: dict[str, Any]) -> None:
+    """Grouped bars: GB/s of forward and of the training step, a group per config, a bar per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    impls = sorted(dict.fromkeys(r["impl"] for r in rows), key=lambda i: not i.startswith("torch"))  # baseline first
+    shapes = {c["name"]: c for c in report.get("configs", [])}
+    m = report.get("machine", {})
+    copy_gbs = m.get("copy_gbs") or 0.0
+    backends = [i for i in impls if not i.startswith("torch")]
+    base_style = {"color": "0.6", "hatch": "//", "edgecolor": "k", "lw": 0.8}  # the torch baseline: grey, hatched
+    width = min(0.8 / len(impls), 0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(max(12.0, 1.2 * len(configs) * len(impls) + 6), 5.2))
+    panels = (("fwd", "forward"), ("step", "training step: forward + backward + optimizer\n(bytes include each "
+                                           "implementation's own optimizer state)"))  # fmt: skip
+    for ax, (k, title) in zip(axes, panels):
+        top = max((_gbs(r, k) or 0.0 for r in rows), default=0.0) or 1.0
+        for i, impl in enumerate(impls):
+            style = {"color": f"C{backends.index(impl)}"} if impl in backends else base_style
+            for ci, c in enumerate(configs):
+                x = ci + (i - (len(impls) - 1) / 2) * width
+                r = next((r for r in rows if r["config"] == c and r["impl"] == impl), None)
+                v = _gbs(r, k) if r else None
+                ax.bar(x, v or 0.0, width, label=impl if ci == 0 else None, **style)
+                ms = r.get(f"{k}_ms") if r else None  # the median time: both numbers on the chart
+                text = "n/a" if not v else f"{ms:.3g} ms" if ms else ""
+                ax.text(x, (v or 0.0) + 0.01 * top, text, ha="center", va="bottom", rotation=90, fontsize=7)
+        ax.set_xticks(range(len(configs)), [c + _shape_text(shapes.get(c)) for c in configs], fontsize=8)
+        ax.set_xlim(-0.5, len(configs) - 0.5)
+        ax.set_ylim(0, top * 1.3)
+        ax.set_ylabel(f"{'forward' if k == 'fwd' else 'step'} GB/s (compulsory bytes / median time)")
+        ax.set_title(title, fontsize=10)
+        if copy_gbs > 0:
+            sec = ax.secondary_yaxis("right", functions=(lambda g: 100 * g / copy_gbs, lambda p: p * copy_gbs / 100))
+            sec.set_ylabel(f"% of copy bandwidth ({copy_gbs:.1f} GB/s)", fontsize=8)
+    handles, names = axes[0].get_legend_handles_labels()
+    ncol = min(len(impls), 3)
+    fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    opt = (report.get("args") or {}).get("optimizer")
+    where = (f"{m['cpu']}, {m['cpu_count']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), load average "
+             f"{m['loadavg_1m_at_start']:.2f} at start" if m else "machine not recorded")  # fmt: skip
+    fig.suptitle(("SMOKE RUN (--quick, toy sizes) - not a measurement\n" if report.get("quick") else "")
+                 + "embedding backends vs torch EmbeddingBag on CPU" + (f", optimizer {opt}" if opt else "")
+                 + f": {where}", fontsize=10)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.03 + 0.045 * -(-len(impls) // ncol), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default="dlrm26,modelA100", help="comma list: dlrm26, modelA100")
@@ -287,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 2; 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
     p.add_argument("--json", default=None, help="write every number and the machine info here")
+    p.add_argument("--png", default=None, help="write the chart here: fwd and step GB/s per config and implementation")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -303,17 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# {info['cpu']}, {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
           f"copy bandwidth {copy_gbs:.1f} GB/s, load average {info['loadavg_1m_at_start']:.2f}")  # fmt: skip
     rows = []
-    for cfg in make_configs(args.configs.split(","), args.rows, args.quick):
+    configs = make_configs(args.configs.split(","), args.rows, args.quick)
+    for cfg in configs:
         t0 = time.perf_counter()
         rows += run_config(cfg, impls, opt, args)
         print(f"# {cfg.name}: T={len(cfg.rows)} B={cfg.batch} L={cfg.pooling} rows={cfg.rows[0]} "
               f"mean D={sum(cfg.dims) / len(cfg.dims):.1f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
     print_table(rows, copy_gbs)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "argv": sys.argv, "rows": rows,
-                       "configs": [asdict(c) for c in make_configs(args.configs.split(","), args.rows, args.quick)]},
-                      f, indent=2)  # fmt: skip
+    report = {"benchmark": "embedding", "quick": args.quick, "machine": info, "args": vars(args), "argv": sys.argv,
+              "rows": rows, "configs": [asdict(c) for c in configs]}  # fmt: skip
+    write_outputs(report, args.json, args.png, write_png, indent=2)
     return 0
 
 

@@ -6,15 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from neo_train.kernels import available_backends
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_embedding_benchmark_quick(tmp_path: Path) -> None:
-    out = tmp_path / "embedding.json"
+    out, png = tmp_path / "embedding.json", tmp_path / "x.png"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "embedding.py"), "--quick", "--json", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / "embedding.py"), "--quick", "--json", str(out), "--png", str(png)],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -29,6 +31,39 @@ def test_embedding_benchmark_quick(tmp_path: Path) -> None:
             assert any(i.startswith(f"{backend} (") for i in impls), (backend, impls)
     for r in report["rows"]:
         assert r["fwd_ms"] > 0 and r["step_ms"] > 0 and r["step_bytes"] > r["fwd_bytes"] > 0
+    assert report["quick"] is True and png.stat().st_size > 10_000
+
+
+def test_embedding_benchmark_png_from_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/embedding.py's chart from a hand-built report: a backend missing from one config
+    and a zero time; then one config, one backend, no baseline (--no-baseline) and no machine info."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_embedding", ROOT / "benchmarks" / "embedding.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up while it loads
+    spec.loader.exec_module(mod)
+
+    def row(config: str, impl: str, fwd_ms: float, step_ms: float) -> dict:
+        fwd_b, step_b = 100_000, 350_000
+        return {"config": config, "impl": impl, "fwd_ms": fwd_ms, "step_ms": step_ms, "fwd_bytes": fwd_b,
+                "step_bytes": step_b, "fwd_gbs": fwd_b / fwd_ms / 1e6 if fwd_ms else 0.0,
+                "step_gbs": step_b / step_ms / 1e6 if step_ms else 0.0, "fwd_speedup": None, "step_speedup": None}
+
+    base = "torch EmbeddingBag + Adagrad (sparse, element-wise)"
+    full = {"benchmark": "embedding", "quick": False, "args": {"optimizer": "rowwise_adagrad"},
+            "machine": {"cpu": "test cpu", "cpu_count": 2, "torch": "2.x", "torch_threads": 2,
+                        "loadavg_1m_at_start": 0.5, "copy_gbs": 10.0},
+            "configs": [{"name": "dlrm26", "rows": [10] * 26, "dims": [64] * 26, "batch": 2048, "pooling": 20},
+                        {"name": "modelA100", "rows": [10] * 4, "dims": [4, 8, 16, 384], "batch": 512, "pooling": 15}],
+            "rows": [row("dlrm26", base, 1.0, 4.0), row("dlrm26", "reference (rowwise_adagrad)", 0.8, 0.0),
+                     row("dlrm26", "fbgemm (rowwise_adagrad)", 0.5, 2.0), row("modelA100", base, 2.0, 9.0),
+                     row("modelA100", "fbgemm (rowwise_adagrad)", 1.5, 5.0)]}  # fmt: skip
+    tiny = {"rows": [row("dlrm26-quick", "fbgemm (sgd)", 0.1, 0.3)]}
+    for name, report in (("full", full), ("tiny", tiny)):
+        png = tmp_path / f"{name}.png"
+        mod.write_png(str(png), report)
+        assert png.stat().st_size > 10_000, name
 
 
 def test_gpu_suite_smoke_on_cpu(tmp_path: Path) -> None:

@@ -379,17 +379,18 @@ def test_training_through_scheduled_all_reduce_matches_native():
 
 
 def test_collectives_benchmark_runs(tmp_path):
-    """benchmarks/collectives.py end to end at a toy size (numbers not checked, only their shape)."""
+    """benchmarks/collectives.py end to end at a toy size (numbers not checked, only their shape),
+    the chart included."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "collectives.json"
+    out, png = tmp_path / "collectives.json", tmp_path / "x.png"
     proc = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "collectives.py"), "--quick", "--sizes", "4KB", "--iters", "3",
-         "--algorithms", "pairwise,ring", "--json", str(out)],
+         "--algorithms", "pairwise,ring", "--json", str(out), "--png", str(png)],
         capture_output=True, text=True, timeout=240, cwd=root,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -399,3 +400,37 @@ def test_collectives_benchmark_runs(tmp_path):
     for r in report["collectives"]:
         assert set(r["times"]) == {"native", "pairwise" if r["op"] == "all_to_all_v" else "ring"}
     assert report["tracing"] and report["tracer_bookkeeping_us"] > 0
+    assert report["machine"]["cpu"] and report["quick"] is True
+    assert png.stat().st_size > 10_000
+
+
+def test_collectives_benchmark_png_from_report(tmp_path):
+    """The chart is drawn from the report alone: panels for W = 2 and 4 with an (op, W) absent, a
+    missing cell and a zero time; then one size, one algorithm and no machine info (an older report)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "collectives.py"
+    spec = importlib.util.spec_from_file_location("bench_collectives", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(op, W, size, **times):  # times: algorithm -> [median s, min s], as the JSON holds them
+        return {"op": op, "W": W, "size": size, "times": times}
+
+    full = {"benchmark": "collectives", "quick": False,
+            "machine": {"cpu": "test cpu", "cpu_count": 2, "loadavg_1m_at_start": 1.0, "loadavg_1m_at_end": 1.5},
+            "collectives": [
+                *(row("all_to_all_v", W, s, native=[1e-4 * k, 9e-5 * k], pairwise=[1.1e-4 * k, 1e-4 * k],
+                      bruck=[2e-4 * k, 1.5e-4 * k], **({"hierarchical": [1.5e-4 * k, 1.4e-4 * k]} if W == 4 else {}))
+                  for W in (2, 4) for k, s in ((1, 1 << 10), (8, 1 << 16), (60, 1 << 20))),
+                row("all_reduce", 4, 1 << 10, native=[3e-4, 2e-4], ring=[0.0, 0.0], dps=[4e-4, 3e-4]),
+                row("all_reduce", 4, 1 << 20, native=[5e-3, 4e-3], ring=[6e-3, 5e-3]),
+            ],
+            "tracing": [], "tracer_bookkeeping_us": 8.0}  # fmt: skip
+    tiny = {"collectives": [row("all_to_all_v", 2, 4096, native=[3e-4, 2e-4], pairwise=[3.3e-4, 2.5e-4])],
+            "tracing": [], "tracer_bookkeeping_us": 8.0}  # fmt: skip
+    for name, report in (("full", full), ("tiny", tiny)):
+        png = tmp_path / f"{name}.png"
+        mod.write_png(str(png), report)
+        assert png.stat().st_size > 10_000, name
