@@ -2,7 +2,7 @@
 time and per-collective time of real gloo training runs on this machine.
 
     python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~4 min)
-    python benchmarks/sim_validation.py --quick --json v.json   # a smoke run (< 60 s)
+    python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
 
 For each world size W (gloo ranks on this host, one torch thread each):
@@ -49,11 +49,13 @@ their completion), of the time the rank blocked on it, and of its 'net' time (th
 to its end, where the run shows it: the network model's own part). Goals (issue 14): step time
 within +-15 % for every case, per collective within +-25 % (those every steady step runs; 'coll'
 is the worst, 'in 25%' how many). The runs share the host with whatever else runs: the load
-average is printed with every case.
+average is printed with every case. --png draws the report (``write_png``, from the JSON alone):
+predicted vs measured step time per case, and the error of each collective every step runs.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -147,6 +149,11 @@ def duty(trace_dir: str, warmup: int) -> tuple[float, float]:
     return trace_duty(load_trace(trace_dir), warmup)
 
 
+def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> list[dict[str, Any]]:
+    """The collectives every steady step runs, not the rare ones (metrics): those the goal counts."""
+    return [c for c in collectives if c["n"] >= steady_steps]
+
+
 def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
     """``neo-train simulate --trace --calibration``'s computation on one recorded case."""
     from neo_train.topology.simulator import simulate
@@ -163,7 +170,7 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
     s = val.summary()
     colls = [dict(c, error=c["predicted_s"] / c["measured_s"] - 1 if c["measured_s"] > 0 else float("nan"))
              for c in s["collectives"]]
-    steady = [c for c in colls if c["n"] >= s["steps"]]  # those of every steady step, not the rare ones (metrics)
+    steady = steady_collectives(colls, s["steps"])
     worst = max((abs(c["error"]) for c in steady), default=0.0)
     within = sum(abs(c["error"]) <= COLL_GOAL for c in steady)
     return {"measured_step_ms": s["measured_step_s"] * 1e3, "predicted_step_ms": s["predicted_step_s"] * 1e3,
@@ -190,6 +197,147 @@ def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float
     return cal
 
 
+# ---- chart ------------------------------------------------------------------------------------------
+CAL_FILL = {"busy": "full", "idle": "none"}  # marker fill per calibration; any other: half-filled
+
+
+def _fills(cals: list[str]) -> dict[str, str]:
+    """Marker fill per calibration: full when there is one."""
+    if len(cals) == 1:
+        return {cals[0]: "full"}
+    other = iter(("left", "bottom", "right", "top") * 4)
+    return {c: CAL_FILL.get(c) or next(other) for c in cals}
+
+
+def _within_text(counts: dict[str, tuple[int, int]]) -> str:
+    """'5/8' for one calibration, 'idle 3/8, busy 5/8' for several."""
+    if len(counts) <= 1:
+        return "%d/%d" % next(iter(counts.values()), (0, 0))
+    return ", ".join(f"{c} {k}/{n}" for c, (k, n) in counts.items())
+
+
+def write_png(path: str, report: dict[str, Any]) -> None:
+    """Two panels from the report alone: predicted vs measured step time per case (colour W, marker
+    mode, fill calibration) in the +-STEP_GOAL band, and per case the error of each collective every
+    steady step runs (colour marker name) in the +-COLL_GOAL band, with the step time's error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
+
+    rows = report["rows"]
+    step_goal = report.get("goals", {}).get("step", STEP_GOAL)
+    coll_goal = report.get("goals", {}).get("collective", COLL_GOAL)
+    cals = list(dict.fromkeys(r["calibration"] for r in rows))
+    fills = _fills(cals)
+    cases = list(dict.fromkeys((r["W"], r["plan"], r["mode"]) for r in rows))
+    worlds = sorted({c[0] for c in cases})
+    w_color = {W: plt.get_cmap("Dark2")(i % 8) for i, W in enumerate(worlds)}
+    mode_marker = dict(zip(MODES, ("o", "s"))) | {m: "D" for m in {c[2] for c in cases} - set(MODES)}
+    steady = [(r, steady_collectives(r["collectives"], r["steady_steps"])) for r in rows]
+    markers = sorted({c["marker"] for _, cs in steady for c in cs if math.isfinite(c["error"])})
+    undrawn = sum(not math.isfinite(c["error"]) for _, cs in steady for c in cs)  # measured 0 s: no error
+    m_color = {m: plt.get_cmap("tab10" if len(markers) <= 10 else "tab20")(i % 20) for i, m in enumerate(markers)}
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7 + max(7.0, 0.4 * len(cases)), 7.2),
+                                   gridspec_kw={"width_ratios": [6, max(6.0, 0.4 * len(cases))]})
+    # panel 1: predicted vs measured step time
+    ok = [r for r in rows if math.isfinite(r["measured_step_ms"]) and math.isfinite(r["predicted_step_ms"])]
+    top = max([r[k] for r in ok for k in ("measured_step_ms", "predicted_step_ms")], default=1.0) * 1.08
+    xs = [0.0, top]
+    ax1.fill_between(xs, [x * (1 - step_goal) for x in xs], [x * (1 + step_goal) for x in xs], color="0.88",
+                     lw=0, zorder=0)
+    ax1.plot(xs, xs, color="0.35", lw=1, zorder=1)
+    for r in ok:
+        ax1.plot(r["measured_step_ms"], r["predicted_step_ms"], ls="none", marker=mode_marker[r["mode"]], ms=7,
+                 color=w_color[r["W"]], fillstyle=fills[r["calibration"]], mew=1.4, zorder=3)
+    ax1.set_xlim(0, top)
+    ax1.set_ylim(0, top)
+    ax1.set_aspect("equal")
+    ax1.set_xlabel("measured step time (ms, median over steady steps)")
+    ax1.set_ylabel("predicted step time (ms)")
+    within = {c: (sum(abs(r["step_error"]) <= step_goal for r in rows if r["calibration"] == c),
+                  sum(r["calibration"] == c for r in rows)) for c in cals}
+    ax1.set_title(f"step time: {_within_text(within)} cases within ±{step_goal:.0%}", fontsize=10)
+    handles = [Line2D([], [], ls="none", marker="o", color=w_color[W], label=f"W = {W}") for W in worlds]
+    handles += [Line2D([], [], ls="none", marker=mode_marker[m], color="0.3", label=m)
+                for m in dict.fromkeys(c[2] for c in cases)]
+    if len(cals) > 1:
+        handles += [Line2D([], [], ls="none", marker="o", color="0.3", fillstyle=fills[c], mew=1.4,
+                           label=f"{c} calibration") for c in cals]
+    handles += [Line2D([], [], color="0.35", lw=1, label="predicted = measured"),
+                Patch(color="0.88", label=f"within ±{step_goal:.0%} (goal)")]
+    ax1.legend(handles=handles, fontsize=8, loc="upper left")
+
+    # panel 2: per-collective error per case, calibrations side by side in a case's column
+    errs = [c["error"] for _, cs in steady for c in cs if math.isfinite(c["error"])]
+    errs += [r["step_error"] for r in rows if math.isfinite(r["step_error"])]
+    hi = min(max(errs + [0.4]) * 1.1 + 0.05, 1.5)  # past +150 %: drawn at the edge, the value written
+    lo = max(min(errs + [-0.4]) * 1.1 - 0.05, -1.05)
+    ax2.axhspan(-coll_goal, coll_goal, color="0.88", lw=0, zorder=0)
+    ax2.axhline(0, color="0.35", lw=0.8, zorder=1)
+    for g in (-step_goal, step_goal):
+        ax2.axhline(g, color="0.35", lw=0.8, ls=":", zorder=1)
+    col = {c: i for i, c in enumerate(cases)}
+    width = 0.8 / max(1, len(cals))
+    for r, cs in steady:
+        x0 = col[(r["W"], r["plan"], r["mode"])] + (cals.index(r["calibration"]) + 0.5) * width - 0.4
+        pts = [c for c in cs if math.isfinite(c["error"])]
+        for j, c in enumerate(pts):
+            x = x0 + ((j + 0.5) / len(pts) - 0.5) * width * 0.7
+            y = min(c["error"], hi - 0.03)
+            ax2.plot(x, y, ls="none", marker="^" if c["error"] > y else "o", ms=6, color=m_color[c["marker"]],
+                     fillstyle=fills[r["calibration"]], mew=1.3, zorder=3)
+            if c["error"] > y:
+                ax2.annotate(f"{c['error']:+.0%}", (x, y), xytext=(0, -6), textcoords="offset points", fontsize=6,
+                             ha="center", va="top", rotation=90)
+        if math.isfinite(r["step_error"]):
+            y = min(r["step_error"], hi - 0.03)
+            ax2.plot(x0, y, ls="none", marker="_", ms=16, mew=2.2, color="k", zorder=4)
+            if r["step_error"] > y:
+                ax2.annotate(f"step {r['step_error']:+.0%}", (x0, y), xytext=(0, -6), textcoords="offset points",
+                             fontsize=6, ha="center", va="top", rotation=90)
+        if not cs:
+            ax2.text(x0, 0.01, "none every step", transform=ax2.get_xaxis_transform(), fontsize=6, ha="center",
+                     va="bottom", rotation=90, color="0.35")
+    for i, (c, nxt) in enumerate(zip(cases, cases[1:])):
+        if c[0] != nxt[0] or c[2] != nxt[2]:
+            ax2.axvline(i + 0.5, color="0.5" if c[0] != nxt[0] else "0.75", lw=1 if c[0] != nxt[0] else 0.7,
+                        ls="-" if c[0] != nxt[0] else "--", zorder=1)
+    ax2.set_xlim(-0.5, max(1, len(cases)) - 0.5)
+    ax2.set_ylim(lo, hi)
+    ax2.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax2.set_xticks(range(len(cases)), [f"W={W} {p} {m}" for W, p, m in cases], rotation=90, fontsize=8)
+    ax2.set_ylabel("predicted / measured - 1 (issue to done, median over steady steps)")
+    coll_within = {c: (sum(abs(x["error"]) <= coll_goal for r, cs in steady for x in cs if r["calibration"] == c),
+                       sum(len(cs) for r, cs in steady if r["calibration"] == c)) for c in cals}
+    notes = ([f"{', '.join(cals)} side by side per case"] if len(cals) > 1 else []) + (
+        [f"{undrawn} without a measured time not drawn"] if undrawn else [])
+    ax2.set_title(f"per collective every step runs: {_within_text(coll_within)} within ±{coll_goal:.0%}"
+                  + ("\n(" + "; ".join(notes) + ")" if notes else ""), fontsize=10)
+    handles = [Line2D([], [], ls="none", marker="o", color=m_color[m], label=m) for m in markers]
+    if len(cals) > 1:
+        handles += [Line2D([], [], ls="none", marker="o", color="0.3", fillstyle=fills[c], mew=1.3,
+                           label=f"{c} calibration") for c in cals]
+    handles += [Line2D([], [], ls="none", marker="_", ms=14, mew=2.2, color="k", label="step time"),
+                Line2D([], [], color="0.35", lw=0.8, ls=":", label=f"±{step_goal:.0%} (step goal)"),
+                Patch(color="0.88", label=f"±{coll_goal:.0%} (collective goal)")]
+    ax2.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0)
+    if not rows:
+        ax1.text(0.5, 0.5, "no cases", ha="center", transform=ax1.transAxes)
+    a, mach = report.get("args", {}), report.get("machine", {})
+    fig.suptitle(("SMOKE RUN (--quick) - " if a.get("quick") else "")
+                 + f"network simulator vs measured gloo runs: {mach.get('cpu', '?')}, {mach.get('cpus', '?')} CPUs; "
+                 f"preset {a.get('preset', '?')}, b = {a.get('batch_size', '?')} per rank, {a.get('steps', '?')} "
+                 f"steps ({a.get('warmup', '?')} warm-up)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="W = 2 TW and W = 4 TWRW, pipelined, fewer steps (< 60 s)")
@@ -207,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                          "mean compute gap); default both")
     ap.add_argument("--keep", type=Path, help="keep traces and calibrations here (default: a temporary directory)")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--png", help="write the chart here: predicted vs measured step time per case, and each "
+                                  "collective's error")
     args = ap.parse_args(argv)
     from neo_train.config import preset
     from neo_train.topology.calibrate import DEFAULT_SIZES
@@ -229,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (14 if args.quick else 24)
     warmup = args.warmup if args.warmup >= 0 else 4
     iters = args.iters or (5 if args.quick else 7)
-    sizes = [16, 4 << 10, 128 << 10] if args.quick else list(DEFAULT_SIZES)
+    # quick: still a size large enough (1 MB) that the time grows with it on a loaded host, or the fit has no bandwidth
+    sizes = [16, 4 << 10, 128 << 10, 1 << 20] if args.quick else list(DEFAULT_SIZES)
     calibrations = args.calibrations.split(",")
     for name in calibrations:
         if name not in ("idle", "busy"):
@@ -299,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
               "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
               "rows": rows, "seconds": total}
-    write_outputs(report, args.json, None, lambda path, rep: None)
+    write_outputs(report, args.json, args.png, write_png)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -459,10 +459,12 @@ def test_calibrate_command_checks_its_flags(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_benchmark_quick(tmp_path):
-    out = tmp_path / "v.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_validation.py"), "--quick", "--json", str(out)],
+    out, png = tmp_path / "v.json", tmp_path / "sv.png"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_validation.py"), "--quick",
+                           "--json", str(out), "--png", str(png)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert png.exists() and png.stat().st_size > 10_000
     report = json.loads(out.read_text())
     assert {(r["W"], r["plan"]) for r in report["rows"]} == {(2, "tw"), (4, "twrw")}
     for r in report["rows"]:
@@ -470,6 +472,62 @@ def test_benchmark_quick(tmp_path):
         assert r["collectives"] and r["steady_steps"] > 0
     assert set(report["calibrations"]) >= {"2:idle", "4:idle"}
     assert report["calibrations"]["2:idle"]["format"] == FORMAT
+
+
+def _sim_validation():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sim_validation", ROOT / "benchmarks" / "sim_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _report_row(W: int, plan: str, mode: str, calibration: str, measured_ms: float, step_error: float,
+                errors: dict[str, float], steady_steps: int = 10) -> dict:
+    """A row shaped as sim_validation.main() writes it (``record`` | ``predict``), for ``errors``
+    {marker: predicted / measured - 1} of collectives every step runs, and a rare one (metrics)."""
+    colls = [{"marker": m, "comms": "all_to_allv", "mode": "async", "n": 2 * steady_steps, "measured_s": 1e-3,
+              "predicted_s": 1e-3 * (1 + e), "measured_blocked_s": 0.0, "predicted_blocked_s": 0.0,
+              "measured_net_s": None, "predicted_net_s": None, "error": e} for m, e in errors.items()]
+    colls.append({"marker": "metrics", "comms": "all_reduce", "mode": "sync", "n": 2, "measured_s": 2e-3,
+                  "predicted_s": 1e-3, "measured_blocked_s": 2e-3, "predicted_blocked_s": 1e-3,
+                  "measured_net_s": 2e-3, "predicted_net_s": 1e-3, "error": -0.5})  # not every step: left out
+    worst = max((abs(e) for e in errors.values()), default=0.0)
+    return {"W": W, "plan": plan, "mode": mode, "local_world_size": W, "trace": "/nowhere",
+            "trainer_step_ms": measured_ms, "run_wall_s": 1.0, "load_before": 0.5, "load_after": 0.5,
+            "calibration": calibration, "busy_s": 0.0, "overlap_s": 0.0, "measured_step_ms": measured_ms,
+            "predicted_step_ms": measured_ms * (1 + step_error), "step_error": step_error,
+            "measured_step_mean_ms": measured_ms, "predicted_step_mean_ms": measured_ms * (1 + step_error),
+            "step_mean_error": step_error, "steady_steps": steady_steps, "collectives": colls,
+            "worst_collective_error": worst, "collectives_within_goal": [sum(abs(e) <= 0.25 for e in errors.values()),
+                                                                         len(errors)],
+            "step_ok": abs(step_error) <= 0.15, "collectives_ok": worst <= 0.25, "sim_wall_s": 0.01, "phases": 100,
+            "per_step": []}
+
+
+def test_benchmark_chart_from_a_report(tmp_path):
+    """write_png draws from the report alone, awkward rows included: a case with no collective that
+    every step runs, an error of exactly 0, one of +185 % (past the axis), a NaN one, two calibrations;
+    a report with no rows still gives a figure."""
+    sv = _sim_validation()
+    rows = []
+    for cal, shift in (("idle", -0.2), ("busy", 0.0)):
+        rows += [_report_row(2, "tw", "pipelined", cal, 12.0, shift - 0.05, {"input_dist": 0.0, "output_dist": -0.3}),
+                 _report_row(2, "tw", "plain", cal, 14.0, shift + 0.1, {}),
+                 _report_row(3, "rw", "pipelined", cal, 20.0, shift, {"input_dist": 1.85, "dense_allreduce": math.nan}),
+                 _report_row(4, "twrw", "plain", cal, 35.0, shift - 0.12,
+                             {"output_dist_cross": 0.1, "output_dist_intra_bwd": -0.62})]
+    report = {"benchmark": "sim_validation", "machine": {"cpu": "test", "cpus": 2},
+              "args": {"preset": "small", "batch_size": 256, "steps": 14, "warmup": 4, "iters": 5, "sizes": [16],
+                       "quick": True},
+              "goals": {"step": 0.15, "collective": 0.25}, "calibrations": {}, "rows": rows, "seconds": 1.0}
+    for name, rep in (("both", report), ("busy", dict(report, rows=[r for r in rows if r["calibration"] == "busy"])),
+                      ("empty", dict(report, rows=[]))):
+        png = tmp_path / f"{name}.png"
+        sv.write_png(str(png), json.loads(json.dumps(rep)))  # as read back from --json
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, name
+    assert sv.steady_collectives(rows[0]["collectives"], 10) == rows[0]["collectives"][:2]
 
 
 def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):
