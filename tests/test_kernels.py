@@ -226,6 +226,36 @@ def test_matches_oracle(request: pytest.FixtureRequest, backend: str, kind: str,
     _run_parity(request, backend, SparseOptimizerSpec(kind, lr=0.05), pooling, weighted)
 
 
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("kind", SPARSE_OPTIMIZERS)
+def test_apply_gradients_is_the_backward_of_the_lookup(request: pytest.FixtureRequest, backend: str, kind: str) -> None:
+    """``apply_gradients(values, offsets, g)`` (the data-parallel replay; no forward on backends
+    with ``_backward_update``) updates tables, optimizer state and the step counter exactly as
+    the backward of ``g`` through the unweighted lookup does: mean-pooled features (their 1/L),
+    a shared table, repeated ids, an all-empty batch, B = 1; step after step."""
+    _need(backend)
+    if kind not in _caps(backend)["optimizers"]:
+        pytest.skip(f"{backend} does not support {kind} here")
+    tables, ftm = _model_spec(backend, "mixed")
+    seed = _seed(request)
+    opt = SparseOptimizerSpec(kind, lr=0.05)
+    via_backward = create_embedding_bag(backend, tables, opt, feature_table_map=ftm, seed=seed)
+    direct = create_embedding_bag(backend, tables, opt, feature_table_map=ftm, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    for step, (kind_b, B) in enumerate([("random", 5), ("dups", 5), ("empty", 3), ("random", 1), ("dups", 7)]):
+        values, offsets, _ = _batch(gen, tables, ftm, B, False, kind_b)
+        g = torch.randn(B, direct.total_dim, generator=gen)
+        torch.autograd.backward(via_backward(values, offsets, None), g)
+        direct.apply_gradients(values, offsets, g)
+        for t in range(len(tables)):
+            torch.testing.assert_close(direct.get_table(t), via_backward.get_table(t), rtol=0, atol=0,
+                                       msg=lambda m: f"step {step} ({kind_b}) table {t}: {m}")
+            for name, ref in via_backward.get_state(t).items():
+                torch.testing.assert_close(direct.get_state(t)[name], ref, rtol=0, atol=0,
+                                           msg=lambda m: f"step {step} ({kind_b}) table {t} {name}: {m}")
+        assert direct.optimizer_step == via_backward.optimizer_step == step + 1
+
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("kind", SPARSE_OPTIMIZERS)
 def test_weight_decay(request: pytest.FixtureRequest, backend: str, kind: str) -> None:

@@ -201,6 +201,23 @@ class FusedEmbeddingBag(nn.Module, ABC):
         psw = self.effective_weights(offsets, per_sample_weights, values.numel())
         return self._lookup(values, offsets, psw)
 
+    def apply_gradients(self, values: torch.Tensor, offsets: torch.Tensor, grad_out: torch.Tensor) -> None:
+        """Apply the fused update a backward of ``grad_out`` (B, total_dim) through the unweighted
+        lookup of (values, offsets) applies, without needing its output: backends built on
+        ``FusedLookupFunction`` (``_backward_update``) skip the forward; the others (fbgemm's own
+        autograd) run it and then the backward. Used to replay a summed gradient (data-parallel
+        tables' global update)."""
+        direct = getattr(self, "_backward_update", None)
+        if direct is None:
+            with torch.enable_grad():
+                torch.autograd.backward(self(values, offsets, None), grad_out)
+            return
+        if self.check_ids:
+            self.validate_ids(values, offsets)
+        if self._any_mean:  # as the unweighted forward: the sum's gradient is grad_out x 1/L_bag
+            grad_out = grad_out * self.mean_scale(offsets)
+        direct(grad_out.contiguous(), values, offsets, None)
+
     def mean_scale(self, offsets: torch.Tensor) -> torch.Tensor:
         """(B, total_dim) float32: 1/max(L_bag, 1) in the columns of mean-pooled features, 1 elsewhere."""
         F = self.num_features

@@ -40,7 +40,8 @@ Every rank issues the same collectives in the same order (counts in the forward,
 the lookup's backward), from the thread that runs the forward and the backward.
 
 The update is applied by replaying the kernel: a batch with one bag per row, backward with that
-row's summed gradient. Every backend supports it through its public interface, and the optimizer
+row's summed gradient (``FusedEmbeddingBag.apply_gradients``: no forward where the backend's
+update can run on its own). Every backend supports it through its public interface, and the optimizer
 sees exactly the row gradients of the unsharded model. The replay's sizes are upper bounds the
 host already knows (sum_j of the ranks' counts per table), not the number of distinct rows (that
 would be a second device-to-host copy): a row that several ranks sent is replayed once with its
@@ -364,9 +365,7 @@ class DataParallelSharding(EmbeddingSharding):
         values = torch.cat([ids for ids, _ in summed])  # tables in order of their first feature
         offsets = torch.zeros(F * B + 1, dtype=torch.int64, device=dev)
         torch.cumsum(lens.reshape(-1), 0, out=offsets[1:])
-        with torch.enable_grad():
-            out = self.kernel(values, offsets, None)
-            torch.autograd.backward(out, g_out)
+        self.kernel.apply_gradients(values, offsets, g_out)
 
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
