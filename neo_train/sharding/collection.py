@@ -155,8 +155,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 g.set_hot_features(self._hot_features)
         self._hot_ids: dict[str, torch.Tensor] = {}  # routing: the hot set that splits new batches
         # the split's lookup (set_hot_rows): every hot table's ids keyed row_off[t] + id, sorted, with
-        # each key's replica slot, and the key offset of each hot feature (_hot_features order)
-        self._hot_sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # each key's replica slot (the binary search's; None with the map), the key offset of each hot
+        # feature (_hot_features order), and the key -> slot map (None for tables too big for one)
+        self._hot_sorted: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor | None] | None = None
         self._hot_version = 0
         self._replica_ids: dict[str, torch.Tensor] = {}  # what the replicas hold now
         self._replica_version = -1
@@ -292,18 +293,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._hot_ids = new
         dev = self.ctx.device
         # keys row_off[t] + id never collide across tables: ids are in [0, rows) (validate / the trainer's check)
-        rows = (self.model_cfg.table(t).num_rows for t in self._hot_k)
-        row_off = dict(zip(self._hot_k, itertools.accumulate(rows, initial=0)))
+        offs = list(itertools.accumulate((self.model_cfg.table(t).num_rows for t in self._hot_k), initial=0))
+        row_off = dict(zip(self._hot_k, offs))
         keys, order = torch.sort(torch.cat([new[t] + row_off[t] for t in self._hot_k]))  # (sum k,)
         slots = torch.cat([torch.arange(self._hot_k[t]) for t in self._hot_k]).index_select(0, order)
-        feat_off = torch.tensor([row_off[t] for t in self._hot_features.values()], dtype=torch.int64)
-        # a key -> slot map (-1: cold) when the hot tables' rows are few enough: one gather per id
-        # instead of a binary search; int32 (sum k < 2^31)
-        total = sum(self.model_cfg.table(t).num_rows for t in self._hot_k)
-        slot_map = None
-        if total <= HOT_MAP_MAX_ROWS:
-            slot_map = torch.full((total,), -1, dtype=torch.int32).index_copy_(0, keys, slots.to(torch.int32)).to(dev)
-        self._hot_sorted = (keys.to(dev), slots.to(dev), feat_off.to(dev), slot_map)
+        feat_off = torch.tensor([row_off[t] for t in self._hot_features.values()], dtype=torch.int64).to(dev)
+        if offs[-1] <= HOT_MAP_MAX_ROWS:
+            # a key -> slot map (-1: cold): one gather per id instead of a binary search (which
+            # alone needs the sorted keys and their slots); int32 (sum k < 2^31)
+            slot_map = torch.full((offs[-1],), -1, dtype=torch.int32).index_copy_(0, keys, slots.to(torch.int32))
+            self._hot_sorted = (None, None, feat_off, slot_map.to(dev))
+        else:
+            self._hot_sorted = (keys.to(dev), slots.to(dev), feat_off, None)
         self._pending_hot[self._hot_version] = new
 
     def hot_write_back(self) -> None:
@@ -516,4 +517,3 @@ def _check_hot_rows(model: ModelConfig, plan: ShardingPlan, hot_rows: dict[str, 
         why = hot_row_refusal(t, plan[name], storage)
         if why:
             raise ValueError(f"hot_rows: {why}")
-

@@ -29,7 +29,8 @@ import torch
 
 from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
-from .common import EmbeddingSharding, GroupFeature, ColumnPermutation, Routed, Sends, ShardingContext, Unit, build_kernel, flat_exchange, positions_where
+from .common import (EmbeddingSharding, GroupFeature, ColumnPermutation, Routed, Sends, ShardingContext, Unit, build_kernel,
+                     flat_exchange, positions_where)
 
 __all__ = ["TableWiseSharding"]
 
@@ -236,4 +237,3 @@ class TableWiseSharding(EmbeddingSharding):
 
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
-
