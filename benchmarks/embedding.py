@@ -10,7 +10,9 @@ Configs (ids uniform over each table's rows; every table pooled by sum over L id
                4..384 with mean 92.6 (a Model-A-shaped slice), B=512, L=15
 
 Each backend runs the sparse optimizer ``--optimizer`` (default rowwise_adagrad, fbgemm's
-EXACT_ROWWISE_ADAGRAD). The baseline is per-table ``nn.EmbeddingBag(sparse=True)`` + a torch
+EXACT_ROWWISE_ADAGRAD). With rowwise_adagrad the default list adds ``fbgemm:jit``: fbgemm with its
+JIT CPU update path, which neo_train's fbgemm backend routes around by default (``generic``; see
+neo_train/kernels/fbgemm_backend.py); ``--backends fbgemm,fbgemm:jit`` compares the two alone. The baseline is per-table ``nn.EmbeddingBag(sparse=True)`` + a torch
 optimizer on sparse gradients; torch has no row-wise Adagrad, so for rowwise_adagrad (and
 adagrad) the baseline runs ``torch.optim.Adagrad`` (element-wise state, D times the state
 traffic), for sgd ``torch.optim.SGD``. The table's "impl" column says which ran.
@@ -140,7 +142,10 @@ class Impl:
 
 
 def backend_impl(backend: str, cfg: Config, opt: SparseOptimizerSpec) -> Impl:
-    m = create_embedding_bag(backend, cfg.tables, opt, seed=0)
+    """``backend`` is a backend name, or ``fbgemm:jit`` / ``fbgemm:generic``: fbgemm with that CPU
+    update path (``FbgemmEmbeddingBag``'s cpu_update; plain ``fbgemm`` is its default, generic)."""
+    name, _, cpu_update = backend.partition(":")
+    m = create_embedding_bag(name, cfg.tables, opt, seed=0, **({"cpu_update": cpu_update} if cpu_update else {}))
 
     def forward(b: Batch) -> torch.Tensor:
         with torch.no_grad():
@@ -368,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
 
     backends = available_backends() if args.backends is None else args.backends.split(",")
-    missing = [b for b in backends if b not in available_backends()]
+    if args.backends is None and "fbgemm" in backends and args.optimizer == "rowwise_adagrad":
+        backends.append("fbgemm:jit")  # fbgemm's own CPU fast path, against our default (generic)
+    missing = [b for b in backends if b.partition(":")[0] not in available_backends()]
     if missing:
         raise SystemExit(f"backend(s) {missing} unavailable here; available: {available_backends()}")
     impls = ([] if args.no_baseline else ["baseline"]) + backends

@@ -48,10 +48,13 @@ def _need(backend: str) -> None:
 def _caps(backend: str) -> dict[str, Any]:
     """What a backend supports, read from a tiny instance (ClassVars may differ per device)."""
     m = create_embedding_bag(backend, [TableSpec(4, 4)], SparseOptimizerSpec("sgd"))
+    # a backend may take weight decay with one optimizer's instance only (fbgemm's generic CPU loop)
+    decays = [k for k in m.supported_optimizers if k in getattr(
+        create_embedding_bag(backend, [TableSpec(4, 4)], SparseOptimizerSpec(k)), "weight_decay_optimizers", SPARSE_OPTIMIZERS)]
     return {
         "optimizers": tuple(m.supported_optimizers),
         "dim_multiple": int(getattr(m, "dim_multiple", 1)),
-        "weight_decay": tuple(getattr(m, "weight_decay_optimizers", SPARSE_OPTIMIZERS)),
+        "weight_decay": tuple(decays),
         "dtypes": tuple(m.supported_weight_dtypes),
     }
 
@@ -191,11 +194,12 @@ def _check_against_oracle(model: FusedEmbeddingBag, oracle: Oracle, step: int) -
 
 
 def _run_parity(
-    request: pytest.FixtureRequest, backend: str, opt: SparseOptimizerSpec, pooling: str, weighted: bool
-) -> None:
+    request: pytest.FixtureRequest, backend: str, opt: SparseOptimizerSpec, pooling: str, weighted: bool,
+    **options: object,
+) -> FusedEmbeddingBag:
     tables, ftm = _model_spec(backend, pooling)
     seed = _seed(request)
-    model = create_embedding_bag(backend, tables, opt, feature_table_map=ftm, seed=seed)
+    model = create_embedding_bag(backend, tables, opt, feature_table_map=ftm, seed=seed, **options)
     oracle = Oracle(tables, ftm, opt, [model.get_table(t) for t in range(len(tables))])
     gen = torch.Generator().manual_seed(seed)
     B = 5
@@ -212,6 +216,7 @@ def _run_parity(
         (ref * grad_out).sum().backward()
         oracle.step_update(values, offsets)
         _check_against_oracle(model, oracle, step)
+    return model
 
 
 # ---- parity --------------------------------------------------------------------------------
@@ -410,6 +415,29 @@ def test_fbgemm_constraints() -> None:
         create_embedding_bag("fbgemm", [TableSpec(4, 4), TableSpec(4, 3, name="odd")], SparseOptimizerSpec("sgd"))
     with pytest.raises(ValueError, match="bfloat16"):
         create_embedding_bag("fbgemm", [TableSpec(4, 4)], SparseOptimizerSpec("sgd"), weight_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("cpu_update", ["generic", "jit"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_fbgemm_cpu_rowwise_adagrad_paths(request: pytest.FixtureRequest, cpu_update: str, weight_decay: float) -> None:
+    """Both CPU rowwise-AdaGrad paths match the oracle: ``generic`` (ghost features route every
+    table to fbgemm's generic loop: one ghost per table read by one feature, none for the shared
+    table, and the ghosts' zero columns never reach the caller) and ``jit`` (fbgemm's fast path,
+    which drops weight decay, so decay is refused there)."""
+    _need("fbgemm")
+    opt = SparseOptimizerSpec("rowwise_adagrad", lr=0.05, weight_decay=weight_decay)
+    if cpu_update == "jit" and weight_decay:
+        tables, ftm = _model_spec("fbgemm", "sum")
+        with pytest.raises(ValueError, match="weight_decay > 0 is not available with 'rowwise_adagrad'"):
+            create_embedding_bag("fbgemm", tables, opt, feature_table_map=ftm, cpu_update=cpu_update)
+        return
+    model = _run_parity(request, "fbgemm", opt, "mixed", weighted=True, cpu_update=cpu_update)
+    # _model_spec: features [0, 1, 2, 3, 2]; tables 0, 1, 3 are read by one feature each
+    internal = [0, 0, 1, 1, 2, 2, 3, 3] if cpu_update == "generic" else [0, 1, 2, 2, 3]
+    assert list(model._tbe.feature_table_map) == internal
+    assert model.total_dim == sum(model.feature_dims)
+    with pytest.raises(ValueError, match="cpu_update must be one of"):
+        create_embedding_bag("fbgemm", [TableSpec(4, 4)], opt, cpu_update="fast")
 
 
 # ---- registry ------------------------------------------------------------------------------

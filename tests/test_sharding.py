@@ -201,8 +201,9 @@ def test_backward_codec_carries_the_unscaled_gradient(sharding):
 def test_column_permutation_matches_index_select(seed):
     """The run-copy permutation (forward and backward) against index_select on fresh random
     layouts: whole blocks of awkward widths shuffled, the identity, a selection that drops
-    columns (hot-row replication), and one of many single-column runs."""
-    from neo_train.sharding.common import ColumnPermutation
+    columns (hot-row replication, fbgemm's ghost features: their gradient is zero), a selection
+    of every other block, and one of many single-column runs."""
+    from neo_train.kernels.columns import ColumnPermutation
 
     g = torch.Generator().manual_seed(seed)
     widths = torch.randint(1, 9, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
@@ -212,7 +213,8 @@ def test_column_permutation_matches_index_select(seed):
     blocks = [c for i in order for c in range(starts[i], starts[i] + widths[i])]
     keep = [c for i in order[: max(1, len(order) // 2)] for c in range(starts[i], starts[i] + widths[i])]
     many = torch.randperm(n + 80, generator=g).tolist()
-    for cols, width in ((blocks, n), (list(range(n)), n), (keep, n), (many, n + 80)):
+    every_other = [c for i in range(0, len(widths), 2) for c in range(starts[i], starts[i] + widths[i])]
+    for cols, width in ((blocks, n), (list(range(n)), n), (keep, n), (every_other, n), (many, n + 80)):
         perm = ColumnPermutation(cols, width)
         x = torch.randn(5, width, generator=g, requires_grad=True)
         y = x.detach().clone().requires_grad_(True)
@@ -222,7 +224,9 @@ def test_column_permutation_matches_index_select(seed):
         out.backward(grad)
         want.backward(grad)
         assert torch.equal(x.grad, y.grad)
-    assert ColumnPermutation(blocks, n).by_runs and not ColumnPermutation(keep, n).by_runs
+    assert ColumnPermutation(blocks, n).by_runs and ColumnPermutation(keep, n).by_runs
+    assert ColumnPermutation(keep, n).inverse_runs is None and ColumnPermutation(every_other, n).by_runs
+    assert not ColumnPermutation([0, 1, 1], 3).by_runs  # a repeated column: index_select
     assert ColumnPermutation(list(range(n)), n).identity and not ColumnPermutation(many, n + 80).by_runs
 
 

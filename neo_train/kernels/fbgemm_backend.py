@@ -27,18 +27,36 @@ What fbgemm-gpu-cpu 1.8.0 does, measured here, and how this wrapper matches base
   so evaluation forwards do not advance the bias correction.
 * float16 weights are supported (float32 math, round to nearest: stochastic rounding is off so
   runs are reproducible); bfloat16 is not implemented by the CPU kernels.
+* The CPU rowwise-AdaGrad backward has two paths: fbgemm's JIT fast path (float32 weights, a table
+  read by one feature: a JIT SpMDM sums each touched row's gradient, a JIT kernel updates it, 64
+  rows per call) and its generic loop (any other table). Measured on a 2-vCPU Intel Xeon VM
+  (``benchmarks/fbgemm_cpu_update.py``), the JIT path costs ~150 ns more per touched row: 87 ms
+  against 36 ms for the backward of 13 tables of 1M x 64 at b = 1024 and pooling 20-40 (129k
+  touched rows), 17 against 3.5 ms at 4 x 100k x 16. ``cpu_update="generic"`` (the default
+  there) takes the generic loop for every table by giving each single-feature table a *ghost*
+  feature with empty bags (fbgemm then treats it as shared): the ghost's output columns are
+  zeros and never leave this module, its offsets are the real feature's end repeated. Same
+  update rule; the gradient of a row is summed in another order (float32 rounding only). The
+  generic loop also applies rowwise AdaGrad's L2 weight decay, which the JIT path drops, so
+  ``weight_decay`` is allowed with rowwise_adagrad there. ``cpu_update="jit"`` keeps fbgemm's
+  choice; without the argument the environment variable ``NEO_TRAIN_FBGEMM_CPU_UPDATE`` (generic
+  or jit) decides, so a benchmark can compare the two in whole runs.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar, Sequence
 
 import torch
 
 from .base import SPARSE_OPTIMIZERS, FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, state_shapes
+from .columns import ColumnPermutation
 from .init import init_table
 from .flat_storage import check_shape as _check_shape
 
-__all__ = ["FbgemmEmbeddingBag"]
+__all__ = ["CPU_UPDATES", "FbgemmEmbeddingBag"]
+
+CPU_UPDATES = ("generic", "jit")  # FbgemmEmbeddingBag(cpu_update=...): see the module docstring
 
 # base.py state name -> position in fbgemm's split_optimizer_states()[t]
 _STATE_NAMES: dict[str, tuple[str, ...]] = {
@@ -69,7 +87,18 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
         weight_dtype: torch.dtype = torch.float32,
         *,
         seed: int = 0,
+        cpu_update: str | None = None,
     ) -> None:
+        if cpu_update is None:
+            cpu_update = os.environ.get("NEO_TRAIN_FBGEMM_CPU_UPDATE", "generic")
+        if cpu_update not in CPU_UPDATES:
+            raise ValueError(f"backend 'fbgemm': cpu_update must be one of {CPU_UPDATES}, got {cpu_update!r}")
+        on_cpu = torch.device(device).type == "cpu"
+        # the module docstring: ghost features route rowwise AdaGrad to fbgemm's generic CPU loop
+        self._ghosts = on_cpu and cpu_update == "generic" and optimizer.kind == "rowwise_adagrad" \
+            and weight_dtype == torch.float32
+        if self._ghosts:  # the generic loop applies L2 weight decay
+            self.weight_decay_optimizers = ("rowwise_adagrad",)
         if torch.device(device).type == "cuda":
             # fbgemm's CUDA kernels add Adam and honour rowwise weight decay; the instance
             # attributes shadow the CPU ClassVars before base.__init__ checks them.
@@ -95,39 +124,56 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
 
     # ---- feature order ----------------------------------------------------------------------
     def _internal_order(self) -> list[int]:
-        """Sort features by table for fbgemm (see module docstring); returns fbgemm's feature_table_map
-        and registers the input/output permutations when the order changes."""
+        """fbgemm's features: the caller's sorted by table (see module docstring), each
+        single-feature table followed by its ghost when ``self._ghosts``. Returns fbgemm's
+        feature_table_map and registers the input/output maps when they are not the identity."""
         order = sorted(range(self.num_features), key=lambda f: (self.feature_table_map[f], f))
         self._permuted = order != list(range(self.num_features))
+        internal: list[tuple[int, int | None]] = []  # (table, caller feature or None: a ghost)
+        for f in order:
+            t = self.feature_table_map[f]
+            internal.append((t, f))
+            if self._ghosts and self.feature_table_map.count(t) == 1:
+                internal.append((t, None))
+        self._internal_features = len(internal)
         if self._permuted:
             # Input: fbgemm feature i reads caller feature order[i].
             self.register_buffer(
                 "_feature_perm", torch.tensor(order, dtype=torch.int32, device=self.device_), persistent=False
             )
+        if self._ghosts:
+            # Input: the real features' rows among fbgemm's (the ghosts' bags stay empty).
+            real = [i for i, (_, f) in enumerate(internal) if f is not None]
+            self.register_buffer("_real_rows", torch.tensor(real, dtype=torch.int64, device=self.device_), persistent=False)
+        self._reorders_output = self._permuted or self._ghosts
+        if self._reorders_output:
             # Output: caller column c comes from internal column col_index[c].
             internal_offset = {}
             off = 0
-            for f in order:
-                internal_offset[f] = off
-                off += self.feature_dims[f]
+            for t, f in internal:
+                if f is not None:
+                    internal_offset[f] = off
+                off += self.tables[t].dim
             cols = [internal_offset[f] + d for f in range(self.num_features) for d in range(self.feature_dims[f])]
-            self.register_buffer(
-                "_col_index", torch.tensor(cols, dtype=torch.int64, device=self.device_), persistent=False
-            )
-        return [self.feature_table_map[f] for f in order]
+            self._out_cols = ColumnPermutation(cols, off)
+        return [t for t, _ in internal]
 
-    def _permute_input(
+    def _internal_input(
         self, values: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The caller's bags as fbgemm's features: sorted by table, ghosts' bags empty."""
         F = self.num_features
         B = (offsets.numel() - 1) // F
         lengths = (offsets[1:] - offsets[:-1]).view(F, B)
-        p_lengths, p_values, p_psw = torch.ops.fbgemm.permute_2D_sparse_data(
-            self._feature_perm, lengths, values, psw, values.numel()
-        )
-        p_offsets = torch.zeros_like(offsets)
-        torch.cumsum(p_lengths.reshape(-1), 0, out=p_offsets[1:])
-        return p_values, p_offsets, p_psw
+        if self._permuted:
+            lengths, values, psw = torch.ops.fbgemm.permute_2D_sparse_data(
+                self._feature_perm, lengths, values, psw, values.numel()
+            )
+        if self._ghosts:
+            lengths = lengths.new_zeros(self._internal_features, B).index_copy_(0, self._real_rows, lengths)
+        p_offsets = offsets.new_zeros(lengths.numel() + 1)
+        torch.cumsum(lengths.reshape(-1), 0, out=p_offsets[1:])
+        return values, p_offsets, psw
 
     # ---- forward ----------------------------------------------------------------------------
     def _lookup(
@@ -136,15 +182,15 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
         values = values.to(torch.int64)
         offsets = offsets.to(torch.int64)
         psw = None if per_sample_weights is None else per_sample_weights.to(torch.float32)
-        if self._permuted:
-            values, offsets, psw = self._permute_input(values, offsets, psw)
+        if self._reorders_output:
+            values, offsets, psw = self._internal_input(values, offsets, psw)
         if self.optimizer_spec.kind == "adam" and torch.is_grad_enabled():
             # fbgemm adds 1 to iter in this forward and uses it as t: make that our step + 1.
             self._tbe.iter.fill_(int(self.step))
             self._tbe.iter_cpu.fill_(int(self.step))
-        out = self._tbe(values, offsets, psw)  # (B, total_dim), features in internal order
-        if self._permuted:
-            out = out.index_select(1, self._col_index)
+        out = self._tbe(values, offsets, psw)  # (B, internal dims), features in internal order
+        if self._reorders_output:
+            out = self._out_cols(out)
         if out.requires_grad:
             out.register_hook(self._count_backward)
         return out

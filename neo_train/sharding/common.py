@@ -21,6 +21,7 @@ from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
 from ..config import StorageConfig, TableConfig, cache_factor
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
+from ..kernels.columns import ColumnPermutation
 from ..modules.storage import create_table_kernel, init_kernel_table
 from ..planning.plan import Shard, TablePlan
 
@@ -137,62 +138,6 @@ class Sends:
     units_on_me: int
     weighted: bool
     out_mask: torch.Tensor | None = None  # travels with the routed ids (``Routed.out_mask``), never on the wire
-
-
-def _column_runs(perm: Sequence[int]) -> list[tuple[int, int]]:
-    """perm as (source start, length) runs of consecutive columns, in output order."""
-    runs: list[tuple[int, int]] = []
-    for c in perm:
-        if runs and runs[-1][0] + runs[-1][1] == c:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((c, 1))
-    return runs
-
-
-class _PermuteColumnRuns(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, perm):  # type: ignore[override]
-        ctx.perm = perm
-        return torch.cat([x.narrow(1, s, n) for s, n in perm.runs], dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return torch.cat([grad.narrow(1, s, n) for s, n in ctx.perm.inverse_runs], dim=1), None
-
-
-class ColumnPermutation:
-    """``x[:, cols]`` for fixed columns (the pooled rows' layout as received -> feature order).
-    Sharding layouts move whole features, so when ``cols`` is a permutation of x's columns it is a
-    few runs of consecutive columns: the forward copies the runs and the backward copies the
-    gradient's runs back (the inverse permutation), instead of ``index_select``'s gather and its
-    accumulating scatter (about 1 and 1.7 ms a step at b = 512 x 1664 columns on CPU). The
-    identity costs nothing. A selection that is not a permutation of all ``width`` columns (hot-row
-    replication drops the replicas' columns), or one of many short runs, uses ``index_select``."""
-
-    MAX_RUNS = 64  # more runs than this: one index_select beats that many slice copies
-
-    def __init__(self, cols: Sequence[int], width: int | None = None) -> None:
-        cols = [int(c) for c in cols]
-        n = len(cols) if width is None else width
-        bijective = sorted(cols) == list(range(n))
-        self.identity = bijective and cols == list(range(n))
-        self.runs = _column_runs(cols)
-        self.by_runs = bijective and len(self.runs) <= self.MAX_RUNS
-        inverse = [0] * n
-        for c, src in enumerate(cols if self.by_runs else ()):
-            inverse[src] = c
-        self.inverse_runs = _column_runs(inverse) if self.by_runs else []
-        self.index = torch.tensor(cols, dtype=torch.int64)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.identity:
-            return x
-        if self.by_runs:
-            return _PermuteColumnRuns.apply(x, self)
-        if self.index.device != x.device:
-            self.index = self.index.to(x.device)
-        return x.index_select(1, self.index)
 
 
 def positions_where(mask: torch.Tensor, count: int) -> torch.Tensor:
