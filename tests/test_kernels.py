@@ -494,3 +494,53 @@ def test_fbgemm_probe_survives_any_import_error(monkeypatch: pytest.MonkeyPatch)
         reason = probe()
         assert type(exc).__name__ in reason and str(exc) in reason
 
+
+
+# ---- huge pages ----------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["reference", "fbgemm"])
+def test_large_tables_sit_on_huge_pages(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables (and optimizer state) of at least huge_pages.MIN_BYTES get memory advised for
+    transparent huge pages before it is first written; smaller ones, and every table with
+    NEO_TRAIN_HUGE_PAGES=0, keep torch's ordinary memory. The contents are the same either way."""
+    from neo_train.kernels import huge_pages
+
+    _need(backend)
+    if not huge_pages.enabled():
+        pytest.skip("transparent huge pages are off here (not Linux, or THP 'never')")
+    rows = huge_pages.MIN_BYTES // (64 * 4) + 1000  # just over the threshold at D = 64
+    opt = SparseOptimizerSpec("adagrad", lr=0.05)  # element-wise state: as large as the weights
+
+    def buffers(m: FusedEmbeddingBag) -> list[torch.Tensor]:
+        if backend == "fbgemm":
+            return [m._tbe.weights_host, m._tbe.momentum1_host]
+        return [m.weights, m.state_sum]
+
+    big = create_embedding_bag(backend, [TableSpec(rows, 64), TableSpec(10, 64)], opt, seed=3)
+    assert all(huge_pages.advised(b) for b in buffers(big))
+    small = create_embedding_bag(backend, [TableSpec(1000, 64)], opt, seed=3)
+    assert not any(huge_pages.advised(b) for b in buffers(small))
+    values, offsets = torch.tensor([0, rows - 1, 5, 2, 7]), torch.tensor([0, 2, 3, 4, 5])  # B = 2, F = 2
+    out = big(values, offsets)
+    out.backward(torch.ones_like(out))
+    monkeypatch.setenv("NEO_TRAIN_HUGE_PAGES", "0")
+    plain = create_embedding_bag(backend, [TableSpec(rows, 64), TableSpec(10, 64)], opt, seed=3)
+    assert not any(huge_pages.advised(b) for b in buffers(plain))
+    ref = plain(values, offsets)
+    ref.backward(torch.ones_like(ref))
+    assert torch.equal(out, ref)
+    for t in range(2):
+        assert torch.equal(big.get_table(t), plain.get_table(t))
+        assert torch.equal(big.get_state(t)["sum"], plain.get_state(t)["sum"])
+
+
+def test_host_store_tables_sit_on_huge_pages() -> None:
+    """The DRAM tier of the row cache (cache_store.HostStore) allocates like the backends."""
+    from neo_train.kernels import huge_pages
+    from neo_train.kernels.cache_store import HostStore
+
+    if not huge_pages.enabled():
+        pytest.skip("transparent huge pages are off here (not Linux, or THP 'never')")
+    rows = huge_pages.MIN_BYTES // (64 * 4) + 1000
+    store = HostStore([TableSpec(rows, 64), TableSpec(100, 64)], "rowwise_adagrad", torch.float32)
+    assert huge_pages.advised(store.weights[0]) and not huge_pages.advised(store.weights[1])
+    assert not store.weights[0].any() and not store.states[0]["momentum"].any()

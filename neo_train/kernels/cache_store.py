@@ -14,6 +14,7 @@ inner kernel's slots.
 """
 from __future__ import annotations
 
+import math
 import mmap
 from pathlib import Path
 from typing import ClassVar, Sequence
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from .base import TableSpec, state_shapes
+from .huge_pages import huge_page_empty
 
 __all__ = ["BackingStore", "HostStore", "MmapStore"]
 
@@ -61,9 +63,12 @@ class HostStore(BackingStore):
     tier: ClassVar[str] = "host"
 
     def __init__(self, tables: Sequence[TableSpec], optimizer: str, weight_dtype: torch.dtype) -> None:
+        def zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return huge_page_empty(math.prod(shape), dtype).view(shape).zero_()  # kernels/huge_pages.py
+
         super().__init__(
-            [torch.zeros(s.rows, s.dim, dtype=weight_dtype) for s in tables],
-            [{n: torch.zeros(shape) for n, shape in state_shapes(optimizer, s.rows, s.dim).items()} for s in tables],
+            [zeros((s.rows, s.dim), weight_dtype) for s in tables],
+            [{n: zeros(tuple(shape)) for n, shape in state_shapes(optimizer, s.rows, s.dim).items()} for s in tables],
         )
 
 

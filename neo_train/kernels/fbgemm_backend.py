@@ -49,6 +49,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from . import huge_pages
 from .base import SPARSE_OPTIMIZERS, FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, state_shapes
 from .columns import ColumnPermutation
 from .init import init_table
@@ -118,6 +119,8 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
                 f"fbgemm would drop or decouple the decay); use the 'reference' backend"
             )
         self._tbe = _make_tbe(self.tables, optimizer, self._internal_order(), self.device_, weight_dtype)
+        if on_cpu:
+            _rehome_on_huge_pages(self._tbe)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=self.device_))
         for t, spec in enumerate(self.tables):  # kernels/init.py: the same start on every backend
             self.set_table(t, init_table(seed, t, spec.rows, spec.dim))
@@ -246,6 +249,22 @@ class FbgemmEmbeddingBag(FusedEmbeddingBag):
 
     def set_optimizer_step(self, step: int) -> None:
         self.step.fill_(int(step))
+
+
+def _rehome_on_huge_pages(tbe: Any) -> None:
+    """Give fbgemm's large host buffers (the weights, the optimizer state) huge-page memory
+    (kernels/huge_pages.py). Each is freed before its replacement is allocated, so memory never
+    holds two copies; the contents are zeros, as fbgemm made them (the caller writes every table
+    next)."""
+    for name in ("weights_host", "momentum1_host", "momentum2_host"):
+        old = getattr(tbe, name, None)
+        if old is None or old.numel() * old.element_size() < huge_pages.MIN_BYTES or not huge_pages.enabled():
+            continue
+        numel, dtype, is_param = old.numel(), old.dtype, isinstance(old, torch.nn.Parameter)
+        del old
+        setattr(tbe, name, torch.nn.Parameter(torch.empty(0, dtype=dtype)) if is_param else torch.empty(0, dtype=dtype))
+        fresh = huge_pages.huge_page_empty(numel, dtype).zero_()
+        setattr(tbe, name, torch.nn.Parameter(fresh) if is_param else fresh)
 
 
 def _make_tbe(

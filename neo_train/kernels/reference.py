@@ -29,6 +29,7 @@ import torch.nn.functional as F_nn
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
 from .flat_storage import FlatStorageAccessors
+from .huge_pages import huge_page_empty
 from .init import init_table
 
 __all__ = ["ReferenceEmbeddingBag"]
@@ -77,12 +78,15 @@ class ReferenceEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
         self._build_layout()
         n_elems = sum(t.rows * t.dim for t in self.tables)
         n_rows = sum(t.rows for t in self.tables)
-        self.register_buffer("weights", torch.empty(n_elems, dtype=weight_dtype, device=self.device_))
+        on_cpu = self.device_.type == "cpu"  # large CPU buffers on huge pages (kernels/huge_pages.py)
+        self.register_buffer("weights", huge_page_empty(n_elems, weight_dtype) if on_cpu
+                             else torch.empty(n_elems, dtype=weight_dtype, device=self.device_))  # fmt: skip
         # One flat float32 buffer per state, laid out like the weights (per element) or like the
         # rows (per row), so a dim group's state is a block view exactly like its weights.
         for name, shape in state_shapes(optimizer.kind, 1, 1).items():
             size = n_elems if len(shape) == 2 else n_rows
-            self.register_buffer(f"state_{name}", torch.zeros(size, dtype=torch.float32, device=self.device_))
+            self.register_buffer(f"state_{name}", huge_page_empty(size, torch.float32).zero_() if on_cpu
+                                 else torch.zeros(size, dtype=torch.float32, device=self.device_))  # fmt: skip
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=self.device_))
         for t, spec in enumerate(self.tables):  # kernels/init.py: the same start on every backend
             self.set_table(t, init_table(seed, t, spec.rows, spec.dim))
