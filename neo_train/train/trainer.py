@@ -96,12 +96,16 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", backend: str | 
 
 
 def make_dense_optimizer(t: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The MLPs' optimizer. On CPU torch's fused kernels (one C++ loop over every parameter; the
+    same update rule): the default per-tensor Python loop cost 167 us a step on the ``small``
+    preset's MLPs, the fused one 56 us (2-vCPU Intel VM)."""
     params = list(params)
+    fused = {"fused": True} if params and all(p.device.type == "cpu" and p.is_floating_point() for p in params) else {}
     if t.dense_optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.dense_lr, weight_decay=t.weight_decay)
+        return torch.optim.SGD(params, lr=t.dense_lr, weight_decay=t.weight_decay, **fused)
     if t.dense_optimizer == "adagrad":
-        return torch.optim.Adagrad(params, lr=t.dense_lr, eps=t.eps, weight_decay=t.weight_decay)
-    return torch.optim.Adam(params, lr=t.dense_lr, eps=t.eps, weight_decay=t.weight_decay)
+        return torch.optim.Adagrad(params, lr=t.dense_lr, eps=t.eps, weight_decay=t.weight_decay, **fused)
+    return torch.optim.Adam(params, lr=t.dense_lr, eps=t.eps, weight_decay=t.weight_decay, **fused)
 
 
 def make_data(
