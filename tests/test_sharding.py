@@ -246,3 +246,39 @@ def test_positions_where_are_the_true_positions_in_order() -> None:
         want = [i for i, v in enumerate(mask.tolist()) if v]
         got = positions_where(mask, len(want))
         assert got.dtype == torch.int64 and got.tolist() == want, (mask.numel(), len(want))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unit_major_fbgemm_permute_matches_the_gathers(seed, monkeypatch):
+    """The input dist's reorder of received ids, [source][unit][bag] -> [unit][source][bag], by
+    fbgemm's permute_2D_sparse_data (where fbgemm imports) equals the plain gathers, for
+    lengths, ids and weights (bit-cast through int64), on fresh random layouts with empty bags,
+    empty sources and one unit."""
+    from neo_train.sharding import common
+
+    if common._fbgemm_permute_2d() is None:
+        pytest.skip("fbgemm_gpu does not import here: only the gathers run")
+    g = torch.Generator().manual_seed(seed)
+    for W, U, b in ((2, 13, 5), (3, 1, 7), (4, 3, 1), (2, 2, 4)):
+        lengths = torch.randint(0, 4, (W, U, b), generator=g)
+        lengths[int(torch.randint(0, W, (1,), generator=g))] = 0 if seed == 2 else lengths[0]  # an empty source
+        n = [int(lengths[i].sum()) for i in range(W)]
+        parts, at, base = [], [], 0
+        for i in range(W):
+            w = torch.rand(n[i], generator=g)
+            parts += [lengths[i].reshape(-1), torch.randint(0, 10**6, (n[i],), generator=g), common._weights_as_int64(w)]
+            at.append((base, base + U * b, base + U * b + n[i]))
+            base += U * b + 2 * n[i]
+        recv = torch.cat(parts)
+        if sum(n) == 0:
+            continue
+        for weighted in (False, True):
+            fast = common._unit_major(recv, at, n, weighted, W, U, b)
+            with monkeypatch.context() as m:
+                m.setattr(common, "_fbgemm_permute_2d", lambda: None)
+                slow = common._unit_major(recv, at, n, weighted, W, U, b)
+            assert torch.equal(fast.lengths, slow.lengths) and fast.lengths.dtype == slow.lengths.dtype == torch.int32
+            assert torch.equal(fast.values, slow.values)
+            assert (fast.weights is None) == (slow.weights is None) == (not weighted)
+            if weighted:
+                assert torch.equal(fast.weights, slow.weights)

@@ -9,6 +9,7 @@ Vocabulary (shape letters as everywhere: b local batch, W world size, D dims):
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from contextlib import nullcontext
 from typing import Any, Sequence
@@ -219,12 +220,32 @@ def exchange_ids(comm: Communicator, groups: Sequence[Sends], b: int, tag: str =
     return Pending(finish, advance=launch)
 
 
+@functools.cache
+def _fbgemm_permute_2d() -> Any:
+    """fbgemm's ``permute_2D_sparse_data`` where fbgemm_gpu imports (CPU kernels), else None."""
+    from ..kernels.registry import available_backends  # imports fbgemm_gpu once, if it can
+
+    return torch.ops.fbgemm.permute_2D_sparse_data if "fbgemm" in available_backends() else None
+
+
 def _unit_major(recv: torch.Tensor, at: Sequence[tuple[int, int, int]], n_ids: Sequence[int], weighted: bool,
                 W: int, U: int, b: int) -> Routed:
     """One group's ids out of the received buffer, [source][unit][bag] (as received, source i's
     lengths / ids / weights at ``at[i]``) -> [unit][source][bag], by one gather per field."""
-    lengths = torch.cat([recv.narrow(0, a[0], U * b) for a in at]).to(torch.int32)
     total = sum(n_ids)
+    permute_2d = _fbgemm_permute_2d() if recv.device.type == "cpu" and W > 1 and U > 0 and total > 0 else None
+    if permute_2d is not None:
+        # fbgemm's fused permute of (W*U, b) bags: the same result, ~7x faster than the gathers
+        # below (400k ids, U = 13, b = 512: 0.55 against 3.9 ms)
+        order = torch.tensor([i * U + u for u in range(U) for i in range(W)], dtype=torch.int32)
+        src_lengths = torch.cat([recv.narrow(0, a[0], U * b) for a in at]).view(W * U, b)
+
+        def field(c: int) -> torch.Tensor:
+            return permute_2d(order, src_lengths, torch.cat([recv.narrow(0, a[c], n) for a, n in zip(at, n_ids)]),
+                              None, total)[1]
+        lengths = src_lengths.view(W, U, b).permute(1, 0, 2).reshape(-1).to(torch.int32)
+        return Routed(field(1), lengths, _int64_as_weights(field(2)) if weighted else None)
+    lengths = torch.cat([recv.narrow(0, a[0], U * b) for a in at]).to(torch.int32)
     if W == 1 or U == 0 or total == 0:
         def take(c: int) -> torch.Tensor:
             return torch.cat([recv.narrow(0, a[c], n) for a, n in zip(at, n_ids)])
