@@ -30,10 +30,10 @@ What fbgemm-gpu-cpu 1.8.0 does, measured here, and how this wrapper matches base
 * The CPU rowwise-AdaGrad backward has two paths: fbgemm's JIT fast path (float32 weights, a table
   read by one feature: a JIT SpMDM sums each touched row's gradient, a JIT kernel updates it, 64
   rows per call) and its generic loop (any other table). Measured on a 2-vCPU Intel Xeon VM
-  (``benchmarks/fbgemm_cpu_update.py``), the JIT path costs ~150 ns more per touched row: 87 ms
-  against 36 ms for the backward of 13 tables of 1M x 64 at b = 1024 and pooling 20-40 (129k
-  touched rows), 17 against 3.5 ms at 4 x 100k x 16. ``cpu_update="generic"`` (the default
-  there) takes the generic loop for every table by giving each single-feature table a *ghost*
+  (``benchmarks/embedding.py --backends fbgemm,fbgemm:jit`` times both), the JIT path costs
+  ~150 ns more per touched row: 87 ms against 36 ms for the backward of 13 tables of 1M x 64 at
+  b = 1024 and pooling 20-40 (129k touched rows), 17 against 3.5 ms at 4 x 100k x 16.
+  ``cpu_update="generic"`` (the default) takes the generic loop for every table by giving each single-feature table a *ghost*
   feature with empty bags (fbgemm then treats it as shared): the ghost's output columns are
   zeros and never leave this module, its offsets are the real feature's end repeated. Same
   update rule; the gradient of a row is summed in another order (float32 rounding only). The
