@@ -43,7 +43,9 @@ own loop, one torch thread per rank (``torch.set_num_threads(1)``); the job's ti
 ranks; samples/s = steps * b * W / time. Each framework runs ``--repeats`` times per W (fresh
 processes, order alternating: neo first, TorchRec first, ...) and the median repeat is reported
 (all repeats are in the table and the JSON): this 2-core machine may be shared, and the script
-prints how busy it was before each W. "CPU ms/step" is the CPU time (``time.process_time``, all
+prints how busy it was before each W. The "paired" line gives neo/TorchRec within each repeat's
+back-to-back pair (same minutes of the machine): its median and range show how far the ratio of
+medians can stray from run to run. "CPU ms/step" is the CPU time (``time.process_time``, all
 threads, gloo's included) of the timed loop summed over ranks, per step: with more ranks than
 cores, throughput is bounded by cores / CPU time per sample, whatever the per-phase wall times
 say; CPU time far below cores x wall time means the ranks mostly wait on each other.
@@ -90,6 +92,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -643,6 +646,9 @@ def run_world(args: argparse.Namespace, W: int) -> dict[str, Any]:
         result["rows"].append(_row("torchrec", W, b, args.steps, result["torchrec_repeats_seconds"], trec,
                                    f"DMP + TrainPipelineSparseDist, plan {trec[0]['plan_source']}"))  # fmt: skip
         result["ratio_neo_over_torchrec"] = result["rows"][0]["samples_per_s"] / result["rows"][1]["samples_per_s"]
+        # repeat i of each framework ran back to back (order alternating): their ratio sees the
+        # same minutes of this shared machine, so its spread says how far one run's median can stray
+        result["paired_ratios"] = [t / n for n, t in zip(result["neo_repeats_seconds"], result["torchrec_repeats_seconds"])]
     if args.phases:
         result["phases"] = {"data_generation_ms": data_generation_ms(cfg, W)}
         for fw in ("neo_train", "torchrec"):
@@ -738,6 +744,11 @@ def print_tables(worlds: list[dict[str, Any]]) -> None:
             print(f"{r['world_size']:>3} {r['framework']:<10} {r['samples_per_s']:>11,.0f} {r['ms_per_step']:>9.2f} "
                   f"{rs:>13} "
                   f"{r['cpu_ms_per_step']:>12.2f} {rep:>27}  {r['note']}")  # fmt: skip
+        pairs = w.get("paired_ratios")
+        if pairs:
+            print(f"{w['world_size']:>3} {'paired':<10} neo/torchrec of each repeat's back-to-back pair: median "
+                  f"{statistics.median(pairs):.2f}, range {min(pairs):.2f}-{max(pairs):.2f} "
+                  f"({' '.join(f'{x:.2f}' for x in pairs)})")  # fmt: skip
         if "torchrec_error" in w:
             msg = w["torchrec_error"].strip().splitlines()[-1][:120]
             print(f"{w['world_size']:>3} {'torchrec':<10} {'FAILED':>11} {'-':>9} {'-':>13} {'-':>12} {'-':>27}  {msg}")

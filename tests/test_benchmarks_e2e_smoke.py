@@ -38,6 +38,8 @@ def test_e2e_benchmark_quick(tmp_path: Path) -> None:
         if trec:  # TorchRec ran: a real number and a ratio
             assert trec[0]["samples_per_s"] > 0
             assert w["ratio_neo_over_torchrec"] > 0
+            assert len(w["paired_ratios"]) == len(neo[0]["samples_per_s_repeats"]) and all(x > 0 for x in w["paired_ratios"])
+            assert "paired" in proc.stdout
         else:  # TorchRec failed: the error is recorded and printed, never a made-up number
             assert isinstance(w.get("torchrec_error"), str) and w["torchrec_error"], w.keys()
             assert "TorchRec" in proc.stdout
