@@ -12,7 +12,9 @@ What fbgemm-gpu-cpu 1.8.0 does, measured here, and how this wrapper matches base
   but the CPU fast path (float32 weights, table not shared) calls fbgemm's JIT rowwise AdaGrad
   with weight_decay=0 hard-coded: the decay is silently dropped. EXACT_SGD and EXACT_ADAGRAD
   have no weight decay, and fbgemm's ADAM decay is decoupled (AdamW). So weight_decay > 0 is
-  refused on CPU, and allowed on CUDA with rowwise_adagrad only, rather than silently changed.
+  allowed with rowwise_adagrad only: on CUDA, and on CPU where every table takes the generic
+  loop (``cpu_update="generic"``, the default, float32 weights; below); anything else is refused
+  rather than silently changed.
 * Dims must be multiples of 4 (fbgemm asserts it). Padding would be exact for sgd/adagrad but not
   for rowwise_adagrad (its mean(g^2) would divide by the padded dim), so other dims are refused.
 * Shared tables: the CPU rowwise-adagrad backward fails ("num of rows processed by adagrad: 0
