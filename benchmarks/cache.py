@@ -76,6 +76,7 @@ from neo_train.data.synthetic import bag_lengths, power_law_ids
 from neo_train.kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec, available_backends
 from neo_train.kernels import create_embedding_bag
 from neo_train.kernels.cache import CACHE_POLICIES, CachedEmbeddingBag, MmapStore
+from neo_train.kernels.huge_pages import smaps_mappings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # embedding.py, when imported as a module
 from embedding import machine_info  # noqa: E402
@@ -296,16 +297,8 @@ def advise(maps: Sequence[np.memmap], advice: int) -> None:
 def mapping_advice(path: Path) -> str | None:
     """How this process's mapping of ``path`` is advised: "random" (MADV_RANDOM), "sequential"
     or "normal", from /proc/self/smaps' VmFlags (rr / sr); None when not found."""
-    try:
-        lines = Path("/proc/self/smaps").read_text().splitlines()
-    except OSError:
-        return None
-    inside = False
-    for line in lines:
-        if line.endswith(str(path)):
-            inside = True
-        elif inside and line.startswith("VmFlags:"):
-            flags = line.split()[1:]
+    for _, _, mapped, flags in smaps_mappings():
+        if mapped == str(path):
             return "random" if "rr" in flags else "sequential" if "sr" in flags else "normal"
     return None
 

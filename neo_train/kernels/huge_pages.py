@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-__all__ = ["MIN_BYTES", "enabled", "huge_page_empty", "huge_page_copy", "advised"]
+__all__ = ["MIN_BYTES", "enabled", "huge_page_empty", "huge_page_copy", "advised", "smaps_mappings"]
 
 MIN_BYTES = 64 << 20  # smaller tables gain little, and may come from glibc's heap (already touched)
 _MADV_HUGEPAGE = 14
@@ -74,23 +74,28 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
     return huge_page_empty(t.numel(), t.dtype).view(t.shape).copy_(t)
 
 
+def smaps_mappings() -> list[tuple[int, int, str, list[str]]]:
+    """This process's memory mappings from /proc/self/smaps: (start, end, path or "", VmFlags);
+    empty where there is no such file (not Linux)."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return []
+    out: list[tuple[int, int, str, list[str]]] = []
+    for line in lines:
+        head, _, rest = line.partition(" ")
+        if "-" in head and ":" not in head:  # a mapping's header: "lo-hi perms offset dev inode [path]"
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            fields = rest.split(None, 4)
+            out.append((lo, hi, fields[4] if len(fields) > 4 else "", []))
+        elif line.startswith("VmFlags:") and out:
+            out[-1][3].extend(line.split()[1:])
+    return out
+
+
 def advised(t: torch.Tensor) -> bool:
     """Whether the mapping holding ``t``'s first whole 2 MiB page is advised for huge pages (``hg``
     in its VmFlags, /proc/self/smaps; False where there is no such page or file). madvise splits
     the mapping: the bytes before that page are a mapping of their own, never advised."""
     addr, end = _huge_span(t)
-    if end == addr:
-        return False
-    try:
-        lines = open("/proc/self/smaps").read().splitlines()
-    except OSError:
-        return False
-    inside = False
-    for line in lines:
-        head = line.split(" ", 1)[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return "hg" in line.split()[1:]
-    return False
+    return end > addr and any(lo <= addr < hi and "hg" in flags for lo, hi, _, flags in smaps_mappings())
