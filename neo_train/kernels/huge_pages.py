@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-__all__ = ["MIN_BYTES", "enabled", "huge_page_empty", "huge_page_copy", "advised", "smaps_mappings"]
+__all__ = ["MIN_BYTES", "enabled", "huge_page_empty", "advised", "smaps_mappings"]
 
 MIN_BYTES = 64 << 20  # smaller tables gain little, and may come from glibc's heap (already touched)
 _MADV_HUGEPAGE = 14
@@ -64,14 +64,6 @@ def huge_page_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     if numel * t.element_size() >= MIN_BYTES and enabled():
         _advise(t)
     return t
-
-
-def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (a CPU tensor) itself when it is small or huge pages are off, else a contiguous copy
-    of it on advised memory (same shape and dtype)."""
-    if t.device.type != "cpu" or t.numel() * t.element_size() < MIN_BYTES or not enabled():
-        return t
-    return huge_page_empty(t.numel(), t.dtype).view(t.shape).copy_(t)
 
 
 def smaps_mappings() -> list[tuple[int, int, str, list[str]]]:
