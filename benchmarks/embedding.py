@@ -12,10 +12,11 @@ Configs (ids uniform over each table's rows; every table pooled by sum over L id
 Each backend runs the sparse optimizer ``--optimizer`` (default rowwise_adagrad, fbgemm's
 EXACT_ROWWISE_ADAGRAD). With rowwise_adagrad the default list adds ``fbgemm:jit``: fbgemm with its
 JIT CPU update path, which neo_train's fbgemm backend routes around by default (``generic``; see
-neo_train/kernels/fbgemm_backend.py); ``--backends fbgemm,fbgemm:jit`` compares the two alone. The baseline is per-table ``nn.EmbeddingBag(sparse=True)`` + a torch
-optimizer on sparse gradients; torch has no row-wise Adagrad, so for rowwise_adagrad (and
-adagrad) the baseline runs ``torch.optim.Adagrad`` (element-wise state, D times the state
-traffic), for sgd ``torch.optim.SGD``. The table's "impl" column says which ran.
+neo_train/kernels/fbgemm_backend.py); ``--backends fbgemm,fbgemm:jit`` compares the two alone.
+The baseline is per-table ``nn.EmbeddingBag(sparse=True)`` + a torch optimizer on sparse
+gradients; torch has no row-wise Adagrad, so for rowwise_adagrad (and adagrad) the baseline runs
+``torch.optim.Adagrad`` (element-wise state, D times the state traffic), for sgd
+``torch.optim.SGD``. The table's "impl" column says which ran.
 
 Bytes moved (a lower bound: compulsory traffic, every byte counted once; caches ignored):
     forward   = N*8                       ids (int64)
