@@ -347,6 +347,49 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _check_caches_fit(cfg, plan, nproc: int, local_world_size: int | None = None) -> None:
+    """A cached table shard whose cache cannot hold the unique rows the job's first global batch
+    sends it: said here, once (each rank would fail at step 0). Synthetic data only (a Criteo
+    file's first batch is not read here), and not with hot-row replication (the hot ids never
+    reach the shards); a later batch that does not fit still fails at run time, naming the
+    table the same way."""
+    from .config import cache_factor
+    from .kernels.cache import too_small_message
+    from .modules.storage import cache_rows, cached_tables
+    from .train.trainer import make_data
+
+    if cfg.data.source != "synthetic" or cfg.dist.hot_rows != "off" or not cached_tables(cfg.model, cfg.storage, plan):
+        return
+    if plan is None and nproc > 1:  # one sharding type for every table, as rank 0 will make it
+        from .sharding import ShardingPlan
+
+        plan = ShardingPlan.uniform(cfg.model, cfg.dist.sharding, nproc, local_world_size or nproc)
+    cached = cached_tables(cfg.model, cfg.storage, plan)
+    ids: dict[str, list] = {}
+    for r in range(nproc):  # every rank's batch of step 0: the global batch the shards serve
+        parts = next(make_data(cfg, "train", r, nproc)).sparse.by_feature()
+        for t in cfg.model.tables:
+            if t.name in cached:
+                ids.setdefault(t.name, []).extend(parts[f][0] for f in t.feature_names)
+    import torch
+
+    for t in cfg.model.tables:
+        if t.name not in cached:
+            continue
+        tp = plan[t.name] if plan is not None else None
+        factor = cache_factor(t, cfg.storage, tp.cache_load_factor if tp is not None else None)
+        got = torch.cat(ids[t.name]).to(torch.int64)
+        shards = tp.shards if tp is not None else [None]
+        for s in shards:
+            lo, hi = (0, t.num_rows) if s is None else (s.row_start, s.row_end)
+            needed = int(torch.unique(got[(got >= lo) & (got < hi)]).numel())
+            slots = cache_rows(hi - lo, factor)
+            if needed > slots:
+                where = "" if s is None else f" (rank {s.rank}'s shard, rows [{lo}, {hi}))"
+                raise ValueError(too_small_message(f"table '{t.name}'{where}", needed, hi - lo, slots,
+                                                   "the first global batch"))
+
+
 def _data_parallel_uncached(cfg, plan) -> list[str]:
     """Tables whose cache load factor asks for a cache that their data-parallel plan rules out
     (``storage.cached_tables`` leaves them out)."""
@@ -415,24 +458,27 @@ def preflight(cfg, args: argparse.Namespace, nproc: int) -> None:
                 raise ValueError(f"--device {args.device}: no CUDA device here ({why}); use --device cpu")
             if dev.index is not None and dev.index >= torch.cuda.device_count():
                 raise ValueError(f"--device {args.device}: this host has {torch.cuda.device_count()} CUDA device(s)")
+    plan = None  # the job's plan, as rank 0 will make it (None: one rank, unsharded)
     if cfg.dist.plan_path and nproc > 1:
         from .sharding import ShardingPlan
 
         if not Path(cfg.dist.plan_path).is_file():
             raise ValueError(f"plan file {cfg.dist.plan_path} does not exist")
         try:
-            ShardingPlan.from_json(cfg.dist.plan_path).validate(cfg.model, nproc, L)
+            plan = ShardingPlan.from_json(cfg.dist.plan_path)
+            plan.validate(cfg.model, nproc, L)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"plan file {cfg.dist.plan_path}: {str(e).splitlines()[0] if str(e) else repr(e)}") from None
     if nproc > 1 and not cfg.dist.plan_path and cfg.dist.sharding == "auto":
         import torch
 
-        # the planner runs again on rank 0; here it only says, once, when no plan fits
+        # the planner runs again on rank 0; here it says, once, when no plan fits
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         try:
-            _auto_plan(cfg, nproc, L, torch.device(device).type, quiet=True)
+            plan = _auto_plan(cfg, nproc, L, torch.device(device).type, quiet=True)
         except ValueError as e:
             raise ValueError("--sharding auto: " + "; ".join(str(e).splitlines())) from None
+    _check_caches_fit(cfg, plan, nproc, L)
     if cfg.data.source != "criteo" and (cfg.data.path or cfg.data.eval_path):
         raise ValueError(f"--data-path / --eval-path apply to --data criteo; this run's data is {cfg.data.source}")
     given_criteo_only = [f for f, v in (("--epochs", args.epochs), ("--holdout-every", args.holdout_every)) if v is not None]

@@ -162,3 +162,36 @@ def test_a_cuda_device_on_a_host_without_one_is_one_line_before_launch(capsys):
         lines = err.strip().splitlines()
         assert rc == 2 and len(lines) == 1 and "--device cuda: no CUDA device here" in lines[0], err
         assert "starting" not in out
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_cache_too_small_for_the_first_batch_is_one_line_before_launch(nproc, tmp_path, capsys):
+    """A cached table whose cache cannot hold the unique rows of the job's first global batch is
+    refused by the launcher (it used to be every rank's error at step 0), naming the table, the
+    shard and the smallest load factor that fits; exactly that factor passes the check, 10 %
+    less does not."""
+    import dataclasses
+    import re
+
+    from neo_train import cli
+
+    argv = ["train", "--nproc", str(nproc), "--preset", "small", "--steps", "2", "--log-dir", "none"]
+    rc = main([*argv, "--cache-load-factor", "0.001"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    shard = "(rank 0's shard, rows [0, 50000)) " if nproc == 2 else ""
+    assert f"cached embedding: table 't0' {shard}needs " in lines[0] and "in the first global batch" in lines[0], err
+    assert "but its cache holds 50 rows; a cache_load_factor of at least" in lines[0], err
+    assert "starting" not in out
+    suggested = float(re.search(r"at least ([0-9.e-]+) \(", lines[0]).group(1))
+    cfg = preset("small")
+    plan = ShardingPlan.uniform(cfg.model, "table_wise", nproc) if nproc > 1 else None
+
+    def t0_cached(factor: float):  # only t0 cached, the other tables resident
+        tables = tuple(t.replace(cache_load_factor=factor) if t.name == "t0" else t for t in cfg.model.tables)
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tables=tables))
+
+    cli._check_caches_fit(t0_cached(suggested), plan, nproc)  # fits
+    with pytest.raises(ValueError, match=r"table 't0'.*needs \d+ unique rows in the first global batch"):
+        cli._check_caches_fit(t0_cached(suggested * 0.9), plan, nproc)

@@ -95,7 +95,7 @@ from .flat_storage import check_shape
 from .init import init_table_rows
 from .registry import create_embedding_bag
 
-__all__ = ["CachedEmbeddingBag", "BackingStore", "HostStore", "MmapStore", "CACHE_POLICIES"]
+__all__ = ["CachedEmbeddingBag", "BackingStore", "HostStore", "MmapStore", "CACHE_POLICIES", "too_small_message"]
 
 CACHE_POLICIES: tuple[str, ...] = ("lru", "lfu")
 
@@ -135,6 +135,19 @@ the one a GPU runs, on CPU."""
 LRU_WINDOW = 64
 """LRU victims on CPU: ticks (calls) below the pin tick counted one bin each; older ones share a
 bin (a top-k then); the victims of a steady cache were last used a few calls ago."""
+
+
+def too_small_message(what: str, needed: int, rows: int, slots: int, batch: str = "one batch") -> str:
+    """The error for a cache of ``slots`` of a shard's ``rows`` rows that ``batch`` needs ``needed``
+    unique rows of, naming the smallest load factor that fits (rounded up to 4 digits); ``what``
+    names the table (and shard)."""
+    x = needed / rows
+    step = 10.0 ** (math.floor(math.log10(x)) - 3)
+    return (
+        f"cached embedding: {what} needs {needed} unique rows in {batch} but its cache holds "
+        f"{slots} rows; a cache_load_factor of at least {math.ceil(x / step - 1e-9) * step:.4g} "
+        f"(= {needed}/{rows} rows) fits it"
+    )
 
 
 class CachedEmbeddingBag(FusedEmbeddingBag):
@@ -484,13 +497,7 @@ class CachedEmbeddingBag(FusedEmbeddingBag):
 
     def _too_small(self, t: int, needed: int) -> str:
         spec = self.tables[t]
-        x = needed / spec.rows
-        step = 10.0 ** (math.floor(math.log10(x)) - 3)  # round up to 4 significant digits
-        return (
-            f"cached embedding: table '{spec.name or t}' needs {needed} unique rows in one batch but its "
-            f"cache holds {self.cache_rows[t]} rows; a cache_load_factor of at least "
-            f"{math.ceil(x / step - 1e-9) * step:.4g} (= {needed}/{spec.rows} rows) fits it"
-        )
+        return too_small_message(f"table '{spec.name or t}'", needed, spec.rows, self.cache_rows[t])
 
     # ---- accessors ----------------------------------------------------------------------------
     @_locked
