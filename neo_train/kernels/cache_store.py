@@ -14,7 +14,6 @@ inner kernel's slots.
 """
 from __future__ import annotations
 
-import math
 import mmap
 from pathlib import Path
 from typing import ClassVar, Sequence
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from .base import TableSpec, state_shapes
-from .huge_pages import huge_page_empty
+from .huge_pages import huge_page_zeros
 
 __all__ = ["BackingStore", "HostStore", "MmapStore"]
 
@@ -63,12 +62,10 @@ class HostStore(BackingStore):
     tier: ClassVar[str] = "host"
 
     def __init__(self, tables: Sequence[TableSpec], optimizer: str, weight_dtype: torch.dtype) -> None:
-        def zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return huge_page_empty(math.prod(shape), dtype).view(shape).zero_()  # kernels/huge_pages.py
-
-        super().__init__(
-            [zeros((s.rows, s.dim), weight_dtype) for s in tables],
-            [{n: zeros(tuple(shape)) for n, shape in state_shapes(optimizer, s.rows, s.dim).items()} for s in tables],
+        super().__init__(  # large tables on huge pages (kernels/huge_pages.py)
+            [huge_page_zeros((s.rows, s.dim), weight_dtype) for s in tables],
+            [{n: huge_page_zeros(tuple(shape), torch.float32) for n, shape in state_shapes(optimizer, s.rows, s.dim).items()}
+             for s in tables],
         )
 
 

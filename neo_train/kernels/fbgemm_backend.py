@@ -265,7 +265,7 @@ def _rehome_on_huge_pages(tbe: Any) -> None:
         numel, dtype, is_param = old.numel(), old.dtype, isinstance(old, torch.nn.Parameter)
         del old
         setattr(tbe, name, torch.nn.Parameter(torch.empty(0, dtype=dtype)) if is_param else torch.empty(0, dtype=dtype))
-        fresh = huge_pages.huge_page_empty(numel, dtype).zero_()
+        fresh = huge_pages.huge_page_zeros(numel, dtype)
         setattr(tbe, name, torch.nn.Parameter(fresh) if is_param else fresh)
 
 

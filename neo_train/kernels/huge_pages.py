@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-__all__ = ["MIN_BYTES", "enabled", "huge_page_empty", "advised", "smaps_mappings"]
+__all__ = ["MIN_BYTES", "enabled", "huge_page_empty", "huge_page_zeros", "advised", "smaps_mappings"]
 
 MIN_BYTES = 64 << 20  # smaller tables gain little, and may come from glibc's heap (already touched)
 _MADV_HUGEPAGE = 14
@@ -57,13 +57,18 @@ def _advise(t: torch.Tensor) -> None:
         libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), _MADV_HUGEPAGE)  # best effort
 
 
-def huge_page_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised 1-D CPU tensor; advised for huge pages when it is large enough and
+def huge_page_empty(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor of ``shape``; advised for huge pages when it is large enough and
     ``enabled()``. Write it before reading it, as any ``torch.empty``."""
-    t = torch.empty(numel, dtype=dtype)
-    if numel * t.element_size() >= MIN_BYTES and enabled():
+    t = torch.empty(shape, dtype=dtype)
+    if t.numel() * t.element_size() >= MIN_BYTES and enabled():
         _advise(t)
     return t
+
+
+def huge_page_zeros(shape: int | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``huge_page_empty`` filled with zeros (the first write, so on huge pages where advised)."""
+    return huge_page_empty(shape, dtype).zero_()
 
 
 def smaps_mappings() -> list[tuple[int, int, str, list[str]]]:

@@ -29,7 +29,7 @@ import torch.nn.functional as F_nn
 
 from .base import FusedEmbeddingBag, FusedLookupFunction, SparseOptimizerSpec, TableSpec, state_shapes
 from .flat_storage import FlatStorageAccessors
-from .huge_pages import huge_page_empty
+from .huge_pages import huge_page_empty, huge_page_zeros
 from .init import init_table
 
 __all__ = ["ReferenceEmbeddingBag"]
@@ -85,7 +85,7 @@ class ReferenceEmbeddingBag(FlatStorageAccessors, FusedEmbeddingBag):
         # rows (per row), so a dim group's state is a block view exactly like its weights.
         for name, shape in state_shapes(optimizer.kind, 1, 1).items():
             size = n_elems if len(shape) == 2 else n_rows
-            self.register_buffer(f"state_{name}", huge_page_empty(size, torch.float32).zero_() if on_cpu
+            self.register_buffer(f"state_{name}", huge_page_zeros(size, torch.float32) if on_cpu
                                  else torch.zeros(size, dtype=torch.float32, device=self.device_))  # fmt: skip
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=self.device_))
         for t, spec in enumerate(self.tables):  # kernels/init.py: the same start on every backend
