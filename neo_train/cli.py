@@ -353,6 +353,8 @@ def _check_caches_fit(cfg, plan, nproc: int, local_world_size: int | None = None
     file's first batch is not read here), and not with hot-row replication (the hot ids never
     reach the shards); a later batch that does not fit still fails at run time, naming the
     table the same way."""
+    import torch
+
     from .config import cache_factor
     from .kernels.cache import too_small_message
     from .modules.storage import cache_rows, cached_tables
@@ -371,8 +373,6 @@ def _check_caches_fit(cfg, plan, nproc: int, local_world_size: int | None = None
         for t in cfg.model.tables:
             if t.name in cached:
                 ids.setdefault(t.name, []).extend(parts[f][0] for f in t.feature_names)
-    import torch
-
     for t in cfg.model.tables:
         if t.name not in cached:
             continue
