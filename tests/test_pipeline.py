@@ -60,55 +60,61 @@ def _trace_body(comm, pipeline):
     return [(e["markers"][0], e["startTime_ns"], e["duration_ns"]) for e in comm.entries]
 
 
-def _next_ids_in_flight_during_backward(entries) -> list[bool]:
-    """For each training step (a forward exchange ``output_dist`` followed by its backward one,
-    ``output_dist_bwd``; evaluations have none): was an id exchange (``input_dist``) issued
-    between the two and still in flight (not yet waited for) when the backward one started?"""
-    steps = []
-    fwd = [k for k, e in enumerate(entries) if e[0] == "output_dist"] + [len(entries)]
-    for a, b in zip(fwd, fwd[1:]):
-        bwd = next((k for k in range(a, b) if entries[k][0] == "output_dist_bwd"), None)
-        if bwd is None:
-            continue  # an evaluation forward
-        ids = [entries[k] for k in range(a, bwd) if entries[k][0] == "input_dist"]
-        bwd_start = entries[bwd][1]
-        steps.append(any(start + (dur or 0) > bwd_start for _, start, dur in ids))
+def _steps(entries) -> list[tuple[int, int, int]]:
+    """(previous step's backward exchange, forward exchange, backward exchange) positions of
+    each training step (a forward exchange ``output_dist`` followed by its backward one
+    ``output_dist_bwd``; evaluations have none); -1 for the first step's previous."""
+    kinds = [e[0] for e in entries] + ["output_dist"]
+    fwd = [k for k, n in enumerate(kinds) if n == "output_dist"]
+    steps, prev = [], -1
+    for a, nxt in zip(fwd, fwd[1:]):
+        if "output_dist_bwd" in kinds[a:nxt]:
+            bwd = kinds.index("output_dist_bwd", a, nxt)
+            steps.append((prev, a, bwd))
+            prev = bwd
     return steps
 
 
+def _next_ids_in_flight_during_forward(entries) -> list[bool]:
+    """For each training step: was an id exchange (``input_dist``) issued after the previous
+    step's backward exchange and before this step's forward exchange, and still in flight (not
+    yet waited for) when the forward exchange started? The plain loop waits for its batch's ids
+    before the lookup; the pipeline's exchange of the next batch travels under the forward."""
+    out = []
+    for prev, a, _ in _steps(entries):
+        ids = [entries[k] for k in range(prev + 1, a) if entries[k][0] == "input_dist"]
+        out.append(any(start + (dur or 0) > entries[a][1] for _, start, dur in ids))
+    return out
+
+
 @pytest.mark.parametrize("pipeline", [False, True])
-def test_next_batch_ids_are_in_flight_during_the_backward(pipeline):
+def test_next_batch_ids_are_in_flight_during_the_forward(pipeline):
     """From the recorded collective order and times: fails on the plain loop (the input dist
-    runs inside the forward), passes on the pipelined one."""
+    is done before the lookup), passes on the pipelined one."""
     for entries in run_ranks(_trace_body, 2, pipeline):
-        in_flight = _next_ids_in_flight_during_backward(entries)
+        in_flight = _next_ids_in_flight_during_forward(entries)
         assert len(in_flight) == 7
         assert all(in_flight) if pipeline else not any(in_flight), in_flight
 
 
-def _split_sizes_sent_before_the_forward(entries) -> list[bool]:
-    """For each training step after the first (a forward exchange ``output_dist`` with its
-    backward one ``output_dist_bwd``): was an id exchange (the next batch's split sizes) issued
-    after the previous step's backward exchange and before this forward's, and another (its
-    ids) between this forward's exchange and its backward one?"""
-    kinds = [e[0] for e in entries] + ["output_dist"]
-    fwd = [k for k, n in enumerate(kinds) if n == "output_dist"]
-    steps = []  # (forward exchange, backward exchange) of each training step; evaluations have none
-    for a, nxt in zip(fwd, fwd[1:]):
-        if "output_dist_bwd" in kinds[a:nxt]:
-            steps.append((a, kinds.index("output_dist_bwd", a, nxt)))
-    return [("input_dist" in kinds[prev_bwd:a]) and ("input_dist" in kinds[a:bwd])
-            for (_, prev_bwd), (a, bwd) in zip(steps, steps[1:])]
+def _id_collectives_per_step(entries) -> list[int]:
+    """Id exchanges (``input_dist`` collectives) issued between consecutive training steps'
+    backward exchanges."""
+    kinds = [e[0] for e in entries]
+    return [kinds[prev + 1 : bwd].count("input_dist") for prev, _, bwd in _steps(entries)]
 
 
 @pytest.mark.parametrize("pipeline", [False, True])
-def test_next_batch_split_sizes_travel_during_the_forward(pipeline):
-    """TorchRec's order: batch i+1's split-size exchange is started before batch i's forward and
-    read after it (so no rank waits there for a slower peer's forward); its ids follow."""
+def test_one_id_collective_per_step_once_counts_are_known(pipeline):
+    """The input dist's all-to-all is sized from earlier batches' counts (``IdExchange``): two
+    collectives for the first batch (lengths and header, then ids), one per batch after that
+    (this data's counts vary little: no batch outgrows its reserved space)."""
     for entries in run_ranks(_trace_body, 2, pipeline):
-        ok = _split_sizes_sent_before_the_forward(entries)
-        assert len(ok) == 6
-        assert all(ok) if pipeline else not any(ok), ok
+        per_step = _id_collectives_per_step(entries)
+        assert len(per_step) == 7
+        # pipelined, step 0 also issues batch 1's (sized from batch 0's counts, waited for first)
+        assert per_step[1:] == [1] * 6, per_step
+        assert per_step[0] == (3 if pipeline else 2), per_step
 
 
 def _same_order_body(comm):

@@ -6,7 +6,7 @@ those samples (as a LazyTensor: the output all-to-all is still in flight until f
 ``input_dist(sparse)`` starts the input dist alone and returns a ``Pending``: the train pipeline
 starts the next batch's input dist early and hands ``forward`` the routed ids. Each sharding
 type present in the plan is one group with its own three stages; every group's ids travel in
-one exchange (``exchange_ids``).
+one exchange (``IdExchange``: one all-to-all, sized from the counts of earlier batches).
 
 Gradient-scaling convention: every rank's loss is the mean over its b samples; DDP averages dense
 gradients over the W ranks, so dense parameters see the gradient of the global mean loss over
@@ -33,7 +33,7 @@ from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
 from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
-from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, exchange_ids, positions_where
+from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, IdExchange, positions_where
 from .data_parallel import DataParallelSharding
 from ..planning.hot_rows import hot_row_refusal
 from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
@@ -107,6 +107,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             # the input dist gets a process group of its own: the train pipeline runs the next
             # batch's input dist in the background while this batch's collectives use `comm`
             self.ctx.input_comm = comm.subgroup(list(range(comm.world_size)), name="input_dist")  # type: ignore[attr-defined]
+        self._id_exchange = IdExchange(self.ctx.in_comm)
         self.check_peers(config_hash(model, plan, {"optimizer": repr(optimizer), "seed": seed, "codecs": [fwd_codec, bwd_codec],
                                                    **({"table_dtype": storage.table_dtype} if storage else {}),
                                                    **({"hot_rows": sorted(hot_rows.items())} if hot_rows else {})}))
@@ -197,8 +198,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def input_dist(self, sparse: SparseFeatures) -> "Pending[DistributedSparse]":
         """Validate and start sending every group's ids to their owners (no autograd: ids have
-        no grad). Starts the split-size exchange on the input dist's process group;
-        ``advance()`` starts the payload all-to-all, ``wait()`` gives the routed ids. The train
+        no grad): the id all-to-all on the input dist's process group (``IdExchange``) starts
+        now; ``advance()`` reads its headers (and starts a second round if a peer's ids
+        outgrew the space reserved for them), ``wait()`` gives the routed ids. The train
         pipeline starts batch i+1's input dist before batch i's forward and advances it after,
         from the same thread."""
         if self.validate_in_forward:
@@ -209,7 +211,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             parts = self._split_hot(parts, b)
         sends = [g.input_sends(parts, b) for g in self.groups.values()]
         exchanged = [s for s in sends if s is not None]
-        pending = exchange_ids(self.ctx.in_comm, exchanged, b) if exchanged else Pending.ready([])
+        # separate count histories for training and evaluation batches, and per batch size
+        pending = self._id_exchange(exchanged, b, key=(self.training, b)) if exchanged else Pending.ready([])
 
         version = self._hot_version
 

@@ -8,19 +8,24 @@
 Step i, all on the calling thread (the model of TorchRec's TrainPipelineSparseDist):
 
     wait for batch i's routed ids (its input dist was started during step i-1)     pipeline_wait
-    start batch i+1's input dist: its split sizes' all-to-all, left in flight       input_dist
+    start batch i+1's input dist: its id all-to-all, left in flight                 input_dist
     forward of batch i: lookups, pooled all-to-all in flight under the bottom MLP,
-        interaction, top MLP, loss              (batch i+1's split sizes travel)    forward
-    advance batch i+1's input dist: read its split sizes (the input dist's one
-        host sync; they arrived during the forward), start the id all-to-all        input_dist
+        interaction, top MLP, loss              (batch i+1's ids travel)            forward
+    advance batch i+1's input dist: read its headers (the input dist's one host
+        sync; the ids arrived during the forward)                                   input_dist
     backward of batch i: pooled-gradient exchange, DDP all-reduce, fused sparse
-        update; dense optimizer step            (batch i+1's ids travel meanwhile)  backward, optimizer
+        update; dense optimizer step                                                backward, optimizer
 
-Every rank issues: [i+1's split sizes] [i's output dist] [i+1's ids] [i's backward exchanges
-and DDP buckets] — the same collectives in the same order, whatever the timing, so NCCL cannot
+The id all-to-all is sized from earlier batches' counts (``sharding.common.IdExchange``), so it
+needs no split-size exchange before it: one collective per batch. Only the first batch, and a
+batch whose ids outgrow the space reserved for them, take a second all-to-all, started at the
+advance (batch i+1's ids then travel during batch i's backward, as in TorchRec's order).
+
+Every rank issues: [i+1's ids] [i's output dist] ([i+1's overflow]) [i's backward exchanges and
+DDP buckets] — the same collectives in the same order, whatever the timing, so NCCL cannot
 deadlock on communicators issued in different orders (the input dist keeps a process group of
 its own, so it never queues behind the backward's collectives on one communicator). Reading
-the split sizes right after they were sent would make every rank wait there for the slowest
+the headers right after they were sent would make every rank wait there for the slowest
 peer's forward; after a forward of its own the wait is usually nothing.
 
 Data loading (``next(data)``, the host-side input checks, pinning, the host-to-device copy) runs
@@ -35,9 +40,9 @@ dist runs two batches ahead, so the rows batch i+1 needs are known, and fetched,
 i's backward (TorchRec's prefetch pipeline):
 
     wait for batch i's prefetch (rows in its cache; usually done already)          cache_wait
-    start batch i+2's input dist (split sizes)                                      input_dist
+    start batch i+2's input dist (ids)                                              input_dist
     forward of batch i                                                              forward
-    advance batch i+2's input dist (ids); wait for batch i+1's routed ids           input_dist, pipeline_wait
+    advance batch i+2's input dist (headers); wait for batch i+1's routed ids       input_dist, pipeline_wait
     hand batch i+1's prefetch to the cache thread (no collectives: it moves rows
         between the backing store and the cache, evicting unpinned rows)            -
     backward of batch i (its rows stay pinned in the cache until batch i+1's lookup)
@@ -46,8 +51,8 @@ Whether a run pipelines this way is decided from the config, the same on every r
 rank still issues the same collectives in the same order.
 
 The computation is the plain loop's, in the same order, so the per-step losses are identical
-(tests/test_pipeline.py, which also checks from the recorded collective order that batch i+1's
-ids are in flight during batch i's backward).
+(tests/test_pipeline.py, which also checks from the recorded collective order and times that
+batch i+1's ids are in flight during batch i's forward, and that a batch takes one id collective).
 """
 from __future__ import annotations
 
@@ -162,8 +167,8 @@ class TrainPipeline:
         return got
 
     def _start(self) -> tuple[_Loaded, Pending | None] | None:
-        """Take the next loaded batch and start its input dist (sharded models): the split
-        sizes' all-to-all; ``_advance`` starts the ids'."""
+        """Take the next loaded batch and start its input dist (sharded models): its id
+        all-to-all; ``_advance`` reads the headers."""
         got = self._next_loaded()
         if got is None or not self.sharded:
             return None if got is None else (got, None)
@@ -180,7 +185,7 @@ class TrainPipeline:
         return torch.cuda.stream(self._dist_stream) if self._dist_stream is not None else nullcontext()
 
     def _advance(self, started: tuple[_Loaded, Pending | None] | None) -> None:
-        """Read a started input dist's split sizes and start its id all-to-all."""
+        """Read a started input dist's headers (and start its second round, if any)."""
         if started is None or started[1] is None:
             return
         with self.timer("input_dist"), self._on_dist_stream():
@@ -223,9 +228,9 @@ class TrainPipeline:
             fetching.result()  # re-raises the prefetch's errors (a cache too small, ...)
         self._compute_waits(got, pending, sparse_in)
         nxt = self._ahead
-        after = self._start() if nxt is not None else None  # batch i+2's split sizes
+        after = self._start() if nxt is not None else None  # batch i+2's ids
         loss = self.trainer.forward_loss(got.batch, sparse_in)
-        self._advance(after)  # batch i+2's ids
+        self._advance(after)  # batch i+2's headers
         self._ahead = after
         self._ready = self._prefetched(nxt)  # batch i+1's ids, its rows fetched meanwhile
         self.trainer.backward_step(loss)
@@ -242,9 +247,9 @@ class TrainPipeline:
         got, pending = self._ahead
         sparse_in = self._routed(got, pending)
         self._compute_waits(got, pending, sparse_in)
-        nxt = self._start()  # batch i+1's split sizes travel during batch i's forward
+        nxt = self._start()  # batch i+1's ids travel during batch i's forward
         loss = self.trainer.forward_loss(got.batch, sparse_in)
-        self._advance(nxt)  # batch i+1's ids: issued after batch i's forward
+        self._advance(nxt)  # batch i+1's headers: read after batch i's forward
         self._ahead = nxt
         self.trainer.backward_step(loss)
         return loss.detach()
