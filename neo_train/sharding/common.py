@@ -261,8 +261,8 @@ class IdExchange:
                 more_in = [max(0, m - c) for m, c in zip(m_send, cap_send)]
                 more_out = [max(0, m - c) for m, c in zip(m_recv, cap_recv)]
                 tail = [x for r in rests for x in r]
-                second = comm.all_to_all_v(torch.cat(tail) if tail else header.new_zeros(0), more_in, more_out,
-                                           async_op=True, tag=tag)
+                second = comm.all_to_all_v(torch.cat(tail).to(torch.int64) if tail else header.new_zeros(0), more_in,
+                                           more_out, async_op=True, tag=tag)
             state.update(recv=recv, starts=starts, n_recv=n_recv, m_recv=m_recv, second=second)
 
         def finish() -> list[Routed]:
