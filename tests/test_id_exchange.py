@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from neo_train.comm import TracingCommunicator
-from neo_train.sharding.common import IdExchange, Sends
+from neo_train.sharding.common import IdExchange, Sends, reserved_capacity
 from neo_train.testing import run_ranks
 
 B = 5  # bags per source rank
@@ -95,7 +95,7 @@ def test_routed_ids_match_what_every_source_sent(W: int) -> None:
 
 
 def test_capacity_from_the_counts_both_sides_have_seen() -> None:
-    cap = IdExchange.capacity
+    cap = reserved_capacity
     assert cap([]) == 0
     assert cap([640]) == 640 + 80 + 8
     assert cap([640] * 9) == 640 + 10 + 8  # steady counts (one-hot features): 1/64 + 8

@@ -33,6 +33,8 @@ __all__ = [
     "Routed",
     "Sends",
     "IdExchange",
+    "reserved_capacity",
+    "remember_count",
     "ColumnPermutation",
     "build_kernel",
     "flat_exchange",
@@ -160,6 +162,31 @@ def _int64_as_weights(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.int32).view(torch.float32)
 
 
+CAPACITY_HISTORY = 9  # counts kept for ``reserved_capacity`` (8 step-to-step changes)
+
+
+def reserved_capacity(history: Sequence[int]) -> int:
+    """Room to reserve for the next count of a series (ids a peer sends, rows a rank touches) from
+    its last ``CAPACITY_HISTORY`` values, oldest first: 0 with no history; else the latest count
+    plus 6 median absolute step-to-step changes (about 6 standard deviations of iid counts, while
+    a one-off jump moves the median little), 1/64 of it and 8. An exchange that sizes a collective
+    this way (``IdExchange``) sends what does not fit in a second round, decided alike on every
+    rank."""
+    if not history:
+        return 0
+    last = history[-1]
+    if len(history) == 1:
+        return last + last // 8 + 8
+    steps = sorted(abs(a - b) for a, b in zip(history[1:], history[:-1]))
+    return last + 6 * steps[len(steps) // 2] + last // 64 + 8
+
+
+def remember_count(history: list[int], n: int) -> None:
+    """Append ``n`` to a ``reserved_capacity`` history, keeping the last ``CAPACITY_HISTORY``."""
+    history.append(n)
+    del history[:-CAPACITY_HISTORY]
+
+
 class IdExchange:
     """The input dist of every sharding group: usually one all-to-all, sized without a split-size
     exchange.
@@ -167,8 +194,8 @@ class IdExchange:
     Each peer's ids vary from batch to batch, and an all-to-all needs its receive sizes before it
     starts. Instead of exchanging them first (a collective of its own, and a thread hand-off on
     gloo: about 1 ms of a 10 ms step on two CPU ranks), every (sender, receiver) pair agrees on a
-    *capacity* from the counts they have both seen already (``capacity``: the latest count plus a
-    margin from its recent variation), so both sides know the payload's size:
+    *capacity* from the counts they have both seen already (``reserved_capacity``: the latest
+    count plus a margin from its recent variation), so both sides know the payload's size:
 
     1. one all-to-all carrying, for each destination, a header (the ids each group sends, and
        whether this sender overflowed any capacity), every group's lengths, and its ids and
@@ -185,34 +212,14 @@ class IdExchange:
     waits for its exchanges in the same order (one thread issues every collective), so when an
     exchange starts every rank has the same history, the sender's count to a peer and the peer's
     count from it alike. ``key`` keeps separate histories (the collection uses training vs
-    evaluation and the batch size). The padding costs bytes (a few per cent of the ids where
-    counts vary; nothing where they do not, e.g. one-hot features).
+    evaluation and the batch size). The padding costs bytes: a few per cent of the ids where
+    counts vary, 1/64 of them and 8 entries where they do not (one-hot features).
     """
-
-    HISTORY = 9  # counts kept per peer and key (8 differences)
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
         self._sent: dict[Any, list[list[int]]] = {}  # key -> per destination: entries sent, oldest first
         self._received: dict[Any, list[list[int]]] = {}  # key -> per source
-
-    @staticmethod
-    def capacity(history: Sequence[int]) -> int:
-        """Entries (ids and weights) a peer pair reserves for the next exchange: 0 with no history;
-        else the latest count plus 6 median absolute step-to-step changes (about 6 standard
-        deviations of iid counts, while a one-off jump moves the median little), 1/64 and 8."""
-        if not history:
-            return 0
-        last = history[-1]
-        if len(history) == 1:
-            return last + last // 8 + 8
-        steps = sorted(abs(a - b) for a, b in zip(history[1:], history[:-1]))
-        return last + 6 * steps[len(steps) // 2] + last // 64 + 8
-
-    def _remember(self, book: list[list[int]], counts: Sequence[int]) -> None:
-        for h, n in zip(book, counts):
-            h.append(n)
-            del h[: -self.HISTORY]
 
     def __call__(self, groups: Sequence[Sends], b: int, key: Any = None, tag: str = "input_dist") -> Pending:
         comm = self.comm
@@ -220,8 +227,8 @@ class IdExchange:
         device = getattr(comm, "device", "cpu")
         sent_book = self._sent.setdefault(key, [[] for _ in range(W)])
         recv_book = self._received.setdefault(key, [[] for _ in range(W)])
-        cap_send = [self.capacity(h) for h in sent_book]
-        cap_recv = [self.capacity(h) for h in recv_book]
+        cap_send = [reserved_capacity(h) for h in sent_book]
+        cap_recv = [reserved_capacity(h) for h in recv_book]
         widths = [2 if g.weighted else 1 for g in groups]  # entries per id: the id (and its weight)
         n_send = [[sum(int(v.numel()) for v in g.per_dest[j][1]) for g in groups] for j in range(W)]
         m_send = [sum(n * w for n, w in zip(row, widths)) for row in n_send]
@@ -276,8 +283,9 @@ class IdExchange:
                     at += extra
                 recv = torch.cat(parts)
                 starts = [sum(fixed_recv + m for m in m_recv[:i]) for i in range(W)]
-            self._remember(sent_book, m_send)
-            self._remember(recv_book, m_recv)
+            for book, counts in ((sent_book, m_send), (recv_book, m_recv)):
+                for h, n in zip(book, counts):
+                    remember_count(h, n)
             # at[i][k] = where source i's (lengths, ids, weights) of group k start in recv
             at = []
             for i in range(W):
