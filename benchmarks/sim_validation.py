@@ -32,9 +32,10 @@ For each world size W (gloo ranks on this host, one torch thread each):
                processes waits for a core after every hand-off. Each cell is also launched
                asynchronously, the ranks computing Y x U(0, 2) before they wait, Y = the median
                over the runs of their mean compute between an asynchronous collective's launch
-               and its wait (``trace_input.trace_duty``), as training overlaps its output dist
-               and DDP's buckets with compute: fitted apart, for the traces' asynchronous
-               collectives (until 2026-11-23 Y was X / 2 whatever the runs overlapped)
+               and its wait, per collective kind (``trace_input.trace_overlaps``), as training
+               overlaps its ids' all-to-all with a forward and DDP's buckets with the rest of a
+               backward: fitted apart, for the traces' asynchronous collectives (until
+               2026-11-23 Y was X / 2 whatever the runs overlapped; then one Y for every kind)
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
@@ -76,7 +77,7 @@ MODES = ("pipelined", "plain")
 STEP_GOAL, COLL_GOAL = 0.15, 0.25
 
 
-def _calibrate_body(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | None = None):
+def _calibrate_body(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | dict[str, float] | None = None):
     from neo_train.topology.calibrate import measure_collectives
 
     return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s)
@@ -140,13 +141,14 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path) -> dict
             "load_after": _load()}
 
 
-def duty(trace_dir: str, warmup: int) -> tuple[float, float]:
+def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float]]:
     """(mean compute between two blocking intervals of a rank, mean compute while an asynchronous
-    collective is in flight) in the steady steps, seconds (``trace_duty``): the busy
-    calibration's compute bursts and its overlap."""
-    from neo_train.topology.trace_input import load_trace, trace_duty
+    collective is in flight, the same per collective kind) in the steady steps, seconds
+    (``trace_duty``, ``trace_overlaps``): the busy calibration's compute bursts and its overlap."""
+    from neo_train.topology.trace_input import load_trace, trace_duty, trace_overlaps
 
-    return trace_duty(load_trace(trace_dir), warmup)
+    trace = load_trace(trace_dir)
+    return (*trace_duty(trace, warmup), trace_overlaps(trace, warmup))
 
 
 def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> list[dict[str, Any]]:
@@ -182,7 +184,8 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
             "sim_wall_s": sim_s, "phases": len(tl.phases), "per_step": val.steps}
 
 
-def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0, overlap_s: float | None = None):
+def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0,
+              overlap_s: float | dict[str, float] | None = None):
     from neo_train.topology.calibrate import fit_calibration
 
     t0 = time.perf_counter()
@@ -405,16 +408,20 @@ def main(argv: list[str] | None = None) -> int:
         cal_idle = calibrate(W, sizes, iters, workdir) if "idle" in calibrations else None
         duties = [duty(c["trace"], warmup) for c in cases_w]
         gap, overlap = statistics.median(d[0] for d in duties), statistics.median(d[1] for d in duties)
-        cal_busy = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=overlap) if "busy" in calibrations else None
+        # per collective kind: the median over the runs of their mean overlap (DDP's buckets under a
+        # backward, the ids under a forward); the mean over every kind, shown for comparison
+        by_kind = {k: statistics.median(d[2][k] for d in duties if k in d[2]) for k in sorted({k for d in duties for k in d[2]})}
+        cal_busy = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=by_kind or overlap) if "busy" in calibrations else None
         for name, cal in (("idle", cal_idle), ("busy", cal_busy)):
             if cal is None or name not in calibrations:
                 continue
             cals[f"{W}:{name}"] = cal
-            busy = f", compute bursts {gap * 1e3:.2f} ms, overlap {overlap * 1e3:.2f} ms" if name == "busy" else ""
+            shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
+            busy = f", compute bursts {gap * 1e3:.2f} ms, overlap {shown}" if name == "busy" else ""
             print(f"[{name}{busy}] {cal.table()}", flush=True)
             for c in cases_w:
                 row = dict(c, calibration=name, busy_s=gap if name == "busy" else 0.0,
-                           overlap_s=overlap if name == "busy" else 0.0) | predict(c, cal, warmup)
+                           overlap_s=(by_kind or overlap) if name == "busy" else 0.0) | predict(c, cal, warmup)
                 rows.append(row)
                 print(f"W={W} {c['plan']:<5} {c['mode']:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
                       f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}); worst collective "

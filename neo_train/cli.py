@@ -554,7 +554,7 @@ def wrap_communicator(comm, cfg, local_world_size: int | None):
     return comm
 
 
-def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | None):
+def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | dict[str, float] | None):
     from .topology.calibrate import measure_collectives
 
     return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s)
@@ -566,7 +566,7 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     rank 0 fits the model and writes --out."""
     import torch
 
-    from .topology.calibrate import DEFAULT_SIZES, fit_calibration, parse_sizes
+    from .topology.calibrate import DEFAULT_SIZES, fit_calibration, parse_overlaps, parse_sizes
 
     out = Path(args.out)
     if out.is_dir():
@@ -576,6 +576,7 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
     if args.overlap_ms is not None and not args.busy_ms:
         raise ValueError("--overlap-ms applies to a busy calibration: give --busy-ms too")
+    overlap_s = None if args.overlap_ms is None else parse_overlaps(args.overlap_ms)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() or 2)
         if nproc < 2:
@@ -592,7 +593,6 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     comm = init_distributed(timeout_s=args.timeout)
     if comm is None or comm.world_size < 2:
         raise ValueError("neo-train calibrate needs 2 or more ranks")
-    overlap_s = None if args.overlap_ms is None else args.overlap_ms / 1e3
     samples = _calibrate_rank(comm, sizes, args.iters, args.busy_ms / 1e3, overlap_s)
     if comm.rank == 0:
         from .comm.probe import cpu_model

@@ -211,7 +211,7 @@ def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys
     out = capsys.readouterr().out
     assert "each rank's recorded compute" in out and "predicted vs measured, 3 steady steps" in out
     assert re.search(r"a calibration for this trace: neo-train calibrate --nproc 2 --busy-ms \d+\.\d\d --overlap-ms "
-                     r"\d+\.\d\d --out FILE", out), out
+                     r"(\w+=\d+\.\d\d,?)+ --out FILE", out), out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["network"] == "calibrated" and summary["measured_step_s"] > 0 and summary["predicted_step_s"] > 0
     # without a calibration: the same chains on a topology
@@ -313,10 +313,10 @@ def test_the_calibration_file_round_trips_and_bad_files_are_named(tmp_path):
                         world_size=2, transport="gloo", device="cpu")
 
 
-def _measure_body(comm, busy_s):
+def _measure_body(comm, busy_s, overlap_s=None):
     from neo_train.topology.calibrate import measure_collectives
 
-    return measure_collectives(comm, sizes=[16, 4096], iters=2, warmup=1, busy_s=busy_s)
+    return measure_collectives(comm, sizes=[16, 4096], iters=2, warmup=1, busy_s=busy_s, overlap_s=overlap_s)
 
 
 @pytest.mark.parametrize("busy_s", [0.0, 1e-4])
@@ -332,6 +332,25 @@ def test_measure_collectives_on_gloo_ranks(busy_s):
     assert len(a) - len(sync) == (4 * 2 * 2 if busy_s else 0)
     assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s and s["overlap_s"] == busy_s / 2 for s in a)
     assert all(s["p25"] <= s["p50"] <= s["p75"] for s in sync)
+
+
+def test_measure_collectives_overlaps_each_kind_as_given():
+    """``overlap_s`` per kind (``trace_overlaps``): each kind's asynchronous cells compute that long
+    on average while in flight; kinds left out take the mean of those given."""
+    from neo_train.testing import run_ranks
+    from neo_train.topology.calibrate import parse_overlaps
+
+    given = parse_overlaps("all_reduce=0.3,all_to_allv=0.1")
+    assert given == pytest.approx({"all_reduce": 3e-4, "all_to_allv": 1e-4})
+    a, b = run_ranks(_measure_body, 2, 1e-4, given)
+    assert a == b
+    want = {"all_reduce": 3e-4, "all_to_allv": 1e-4, "all_gather": 2e-4, "reduce_scatter": 2e-4}
+    assert {s["kind"]: s["overlap_s"] for s in a} == pytest.approx(want)
+    assert parse_overlaps("2") == pytest.approx(2e-3)
+    for bad, msg in (("all_reduce=x", "cannot read 'all_reduce=x'"), ("bcast=1", "unknown collective kind 'bcast'"),
+                     ("all_reduce=-1", "must be a number of milliseconds >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            parse_overlaps(bad)
 
 
 def test_a_call_costs_its_ranks_mean_return_after_the_last_call():
@@ -534,8 +553,13 @@ def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):
     """The hand trace's step 0: compute before each blocking interval (rank 0: 1, 2, 1, 0.5 ms;
     rank 1: 3, 0.5, 2, 0.5) and between each async launch and its wait (rank 0: 2 and 0.5 ms,
     rank 1: 0.5 and 0.5); the blocks outside a step count for neither."""
-    from neo_train.topology.trace_input import trace_duty
+    from neo_train.topology.trace_input import trace_duty, trace_overlaps
 
     gap, overlap = trace_duty(load_trace(_hand_trace(tmp_path / "tr")))
     assert gap * 1e3 == pytest.approx(10.5 / 8) and overlap * 1e3 == pytest.approx(3.5 / 4)
     assert trace_duty(load_trace(tmp_path / "tr"), warmup_steps=1) == (0.0, 0.0)
+    # per kind: the all-to-all (2 and 0.5 ms), the all-reduce joined at the backward's end (0.5, 0.5)
+    by_kind = trace_overlaps(load_trace(tmp_path / "tr"))
+    assert by_kind.keys() == {"all_to_allv", "all_reduce"}
+    assert by_kind["all_to_allv"] * 1e3 == pytest.approx(1.25) and by_kind["all_reduce"] * 1e3 == pytest.approx(0.5)
+    assert trace_overlaps(load_trace(tmp_path / "tr"), warmup_steps=1) == {}

@@ -464,7 +464,8 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
 
 def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kinds: Sequence[str] = KINDS,
                         groups: Sequence[int] | None = None, iters: int = 7, warmup: int = 2,
-                        busy_s: float = 0.0, overlap_s: float | None = None, seed: int = 0) -> list[dict[str, Any]]:
+                        busy_s: float = 0.0, overlap_s: float | Mapping[str, float] | None = None,
+                        seed: int = 0) -> list[dict[str, Any]]:
     """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
     Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
     group, bytes, seconds (the mean over iterations of ``_call_seconds``), p25 / p50 / p75 of the
@@ -476,8 +477,10 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     busy processes a woken rank then waits for a core, which is what communication costs there.
     Each cell is then also launched asynchronously, the ranks computing for ``overlap_s`` x
     U(0, 2) before they wait (``async`` samples, seconds from ``_async_seconds``): the mean compute
-    a run does while its asynchronous collectives are in flight (default ``busy_s`` / 2). Times are
-    on the wall clock (one host, or synchronised clocks)."""
+    a run does while its asynchronous collectives are in flight (default ``busy_s`` / 2), or per
+    kind (a mapping, ``trace_input.trace_overlaps``: DDP's buckets overlap a backward, the ids a
+    forward; kinds it lacks take the mean of its values). Times are on the wall clock (one host,
+    or synchronised clocks)."""
     import random
 
     import torch
@@ -489,9 +492,15 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         raise ValueError(f"measure_collectives: group sizes must lie in 2..{W}, got {groups}")
     if not (math.isfinite(busy_s) and busy_s >= 0):
         raise ValueError(f"measure_collectives: busy_s must be a finite number >= 0, got {busy_s}")
-    overlap_s = busy_s / 2 if overlap_s is None else overlap_s
-    if not (math.isfinite(overlap_s) and overlap_s >= 0):
-        raise ValueError(f"measure_collectives: overlap_s must be a finite number >= 0, got {overlap_s}")
+    if isinstance(overlap_s, Mapping):
+        per_kind = {str(k): float(v) for k, v in overlap_s.items()}
+        mean_overlap = sum(per_kind.values()) / len(per_kind) if per_kind else busy_s / 2
+    else:
+        per_kind, mean_overlap = {}, float(busy_s / 2 if overlap_s is None else overlap_s)
+    for v in [mean_overlap, *per_kind.values()]:
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"measure_collectives: overlap_s must be finite numbers >= 0, got {overlap_s}")
+    overlap_of = {k: per_kind.get(k, mean_overlap) for k in kinds}
     subs = {}
     for g in groups:  # every rank takes part in creating every group
         subs[g] = comm if g == W else comm.subgroup(list(range(g)), name=f"calibrate{g}")
@@ -536,7 +545,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                 if op is not None:
                     t[2, c, it] = time.time_ns()
                     handle = op(True)
-                    _busy(work, overlap_s * rng.uniform(0.0, 2.0))
+                    _busy(work, overlap_of[cell[0]] * rng.uniform(0.0, 2.0))
                     t[3, c, it] = time.time_ns()
                     _synchronised(handle.wait())
                     t[4, c, it] = time.time_ns()
@@ -548,7 +557,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         mine_g = got[:g, :, c, :]  # the group's ranks are 0..g-1
         per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
-        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s}
+        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k]}
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2])})
         if busy_s > 0:
@@ -619,6 +628,31 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
+def parse_overlaps(text: str) -> float | dict[str, float]:
+    """``--overlap-ms``: '2' (ms, every kind) or 'all_reduce=1.2,all_to_allv=0.9' (per collective
+    kind; kinds left out take the mean of those given) -> seconds. A ValueError names the bad
+    entry."""
+    def ms(part: str, num: str) -> float:
+        try:
+            v = float(num)
+        except ValueError:
+            raise ValueError(f"--overlap-ms: cannot read {part!r} (e.g. 2, or all_reduce=1.2,all_to_allv=0.9)") from None
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"--overlap-ms: {part!r} must be a number of milliseconds >= 0")
+        return v / 1e3
+
+    text = text.strip()
+    if "=" not in text:
+        return ms(text, text)
+    out: dict[str, float] = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        kind, _, num = part.partition("=")
+        if kind.strip() not in KINDS:
+            raise ValueError(f"--overlap-ms: unknown collective kind {kind.strip()!r} in {part!r} (known: {', '.join(KINDS)})")
+        out[kind.strip()] = ms(part, num)
+    return out
+
+
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     from ..config import nonnegative_float, positive_float, positive_int
 
@@ -632,7 +666,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-ms", type=nonnegative_float, default=0.0,
                    help="every rank computes for about this long before each call (the run's compute between "
                         "collectives): calibrates the transport on a host whose ranks are CPU-bound (default 0: idle)")
-    p.add_argument("--overlap-ms", type=nonnegative_float, default=None,
-                   help="with --busy-ms: the ranks' mean compute while an asynchronous collective is in flight "
-                        "(the run's; `neo-train simulate --trace` prints it); default: half of --busy-ms")
+    p.add_argument("--overlap-ms", default=None,
+                   help="with --busy-ms: the ranks' mean compute while an asynchronous collective is in flight (the "
+                        "run's), one number or per kind, e.g. all_reduce=1.2,all_to_allv=0.9 (`neo-train simulate "
+                        "--trace` prints it); default: half of --busy-ms")
     p.add_argument("--timeout", type=positive_float, default=300.0, help="collective timeout, seconds")

@@ -51,7 +51,7 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives", "trace_duty"]
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duty", "trace_overlaps"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -497,9 +497,29 @@ def trace_duty(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[float
     compute between two blocking intervals (the busy calibration's compute bursts, ``--busy-ms``),
     and the mean compute between an asynchronous collective's launch and its wait (what the
     ranks compute while it is in flight, ``--overlap-ms``); 0.0 where the trace has none."""
-    blocks, _ = rank_timelines(traces)
-    gaps, overlaps = [], []
-    for bs in blocks.values():
+    gaps, overlaps = _duty(traces, warmup_steps)
+    return _mean(gaps), _mean([x for xs in overlaps.values() for x in xs])
+
+
+def trace_overlaps(traces: Mapping[int, list], warmup_steps: int = 0) -> dict[str, float]:
+    """{collective kind: the mean compute while one of that kind, launched asynchronously, is in
+    flight} in seconds over the steps from ``warmup_steps`` on (``trace_duty``'s overlap, per
+    kind): DDP's gradient buckets (all_reduce) stay in flight under the rest of the backward,
+    the next batch's ids (all_to_allv) under a forward."""
+    return {k: _mean(xs) for k, xs in sorted(_duty(traces, warmup_steps)[1].items())}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _duty(traces: Mapping[int, list], warmup_steps: int) -> tuple[list[float], dict[str, list[float]]]:
+    """The steady steps' compute gaps, and per collective kind the compute between each
+    asynchronous launch and its wait."""
+    blocks, colls = rank_timelines(traces)
+    gaps: list[float] = []
+    overlaps: dict[str, list[float]] = {}
+    for rank, bs in blocks.items():
         for i, b in enumerate(bs):
             if b.step is None or b.step < warmup_steps:
                 continue
@@ -510,10 +530,9 @@ def trace_duty(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[float
             for later in bs[i + 1:]:
                 computed += later.compute
                 if later.kind == "wait" and b.colls[0] in later.colls:
-                    overlaps.append(computed)
+                    overlaps.setdefault(_comm_name(colls[b.colls[0]][rank]), []).append(computed)
                     break
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    return mean(gaps), mean(overlaps)
+    return gaps, overlaps
 
 
 # a collective factory: (kind, group, {rank: entry}, name, after) -> (phases, the phase ranks join on),

@@ -45,7 +45,7 @@ from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
 from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers, has_recorded_compute,
                           load_trace, network_collectives, timeline_phases, trace_markers, trace_phases,
-                          trace_duty, trace_transports, trace_world_size)
+                          trace_duty, trace_overlaps, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
            "calibrated_collectives", "entry_sizes"]
@@ -401,10 +401,12 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         warmup = getattr(args, "warmup_steps", None)
         gap, overlap = trace_duty(traces, WARMUP_STEPS if warmup is None else warmup)
+        by_kind = trace_overlaps(traces, WARMUP_STEPS if warmup is None else warmup)
         if gap > 0:
+            kinds = ",".join(f"{k}={v * 1e3:.2f}" for k, v in by_kind.items()) or f"{overlap * 1e3:.2f}"
             print(f"duty: {gap * 1e3:.2f} ms of compute between blocking intervals, {overlap * 1e3:.2f} ms while an "
                   f"asynchronous collective is in flight (a calibration for this trace: neo-train calibrate --nproc "
-                  f"{world} --busy-ms {gap * 1e3:.2f} --overlap-ms {overlap * 1e3:.2f} --out FILE)")
+                  f"{world} --busy-ms {gap * 1e3:.2f} --overlap-ms {kinds} --out FILE)")
         tl = timeline_phases(traces, factory)
         res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
         val = validate_timeline(tl, res, WARMUP_STEPS if warmup is None else warmup)
