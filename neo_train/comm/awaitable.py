@@ -4,9 +4,10 @@
     ...                                        # independent work overlaps it
     x = pending.wait()                         # blocks (once); later calls return the same value
 
-A two-stage exchange (split sizes first, then the payload sized by them) gives ``Pending`` an
-``advance`` step: ``pending.advance()`` waits for the first stage and starts the second, so the
-caller picks the moment (after work that hid the first stage) instead of ``wait()`` doing both.
+A two-stage exchange (the input dist's id exchange: its headers read, then a second payload
+where a peer's ids outgrew the space reserved for them) gives ``Pending`` an ``advance`` step:
+``pending.advance()`` waits for the first stage and starts the second, so the caller picks the
+moment (after work that hid the first stage) instead of ``wait()`` doing both.
 
 A sharded embedding collection returns a ``LazyTensor`` from ``forward``: the caller (a DLRM that
 knows nothing of distribution) goes on with its bottom MLP while the pooled all-to-all is in
@@ -42,7 +43,7 @@ class Pending(Generic[T]):
         return p
 
     def advance(self) -> None:
-        """Run the next stage now (e.g. wait for split sizes and start the payload)."""
+        """Run the next stage now (e.g. read the id exchange's headers, start its second round)."""
         step, self._advance = self._advance, None
         if step is not None:
             step()
