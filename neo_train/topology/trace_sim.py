@@ -401,7 +401,8 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         warmup = getattr(args, "warmup_steps", None)
         gap, overlap = trace_duty(traces, WARMUP_STEPS if warmup is None else warmup)
-        by_kind = trace_overlaps(traces, WARMUP_STEPS if warmup is None else warmup)
+        by_kind = {k: v for k, v in trace_overlaps(traces, WARMUP_STEPS if warmup is None else warmup).items()
+                   if k in KINDS}  # the kinds a calibration measures
         if gap > 0:
             kinds = ",".join(f"{k}={v * 1e3:.2f}" for k, v in by_kind.items()) or f"{overlap * 1e3:.2f}"
             print(f"duty: {gap * 1e3:.2f} ms of compute between blocking intervals, {overlap * 1e3:.2f} ms while an "
