@@ -500,7 +500,7 @@ def _close_steps(trainer: Trainer) -> None:
         pipe.close()
 
 
-SYNCS_PER_STEP = 2  # the goal: e.g. the input dist's split sizes and one loss read
+SYNCS_PER_STEP = 2  # the goal: e.g. the input dist's headers and one loss read
 
 
 @gpu

@@ -233,7 +233,9 @@ class IdExchange:
         n_send = [[sum(int(v.numel()) for v in g.per_dest[j][1]) for g in groups] for j in range(W)]
         m_send = [sum(n * w for n, w in zip(row, widths)) for row in n_send]
         overflow = int(any(m > c for m, c in zip(m_send, cap_send)))
-        header = torch.tensor([x for row in n_send for x in (*row, overflow)], dtype=torch.int64, device=device)
+        header = torch.tensor([x for row in n_send for x in (*row, overflow)], dtype=torch.int64)
+        if torch.device(device).type == "cuda":  # pinned, copied without a host sync (run on CPU only so far)
+            header = header.pin_memory().to(device, non_blocking=True)
         fixed_recv = G + 1 + sum(g.units_on_me * b for g in groups)  # header + lengths, from every source
 
         pieces: list[torch.Tensor] = []
