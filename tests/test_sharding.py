@@ -230,6 +230,58 @@ def test_column_permutation_matches_index_select(seed):
     assert ColumnPermutation(list(range(n)), n).identity and not ColumnPermutation(many, n + 80).by_runs
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_column_assembly_matches_cat_permute_and_add(seed) -> None:
+    """``ColumnAssembly`` (the sharded collection's groups -> model-order output, with hot-row
+    replicas' columns added onto their features') equals concatenating the inputs, gathering
+    the copied columns and adding the rest by index, forward and backward, on fresh random
+    layouts: blocks of awkward widths in shuffled order over several inputs, some blocks added
+    onto others (twice, for one), a single input in order (returned as is), inputs that need no
+    gradient, and bad layouts rejected."""
+    from neo_train.kernels.columns import ColumnAssembly
+
+    g = torch.Generator().manual_seed(seed)
+    widths = torch.randint(1, 9, (int(torch.randint(2, 10, (1,), generator=g)),), generator=g).tolist()
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    width = sum(widths)
+    # each block once over 1-4 inputs in a random order, then an input of some blocks again (the
+    # added ones, as a replica group), then block 0 a third time
+    primary = torch.randperm(len(widths), generator=g).tolist()
+    cuts = sorted(set(torch.randint(1, len(primary) + 1, (int(torch.randint(0, 4, (1,), generator=g)),), generator=g).tolist()))
+    groups = [primary[a:b] for a, b in zip([0, *cuts], [*cuts, len(primary)]) if b > a]
+    extra = [i for i in torch.randperm(len(widths), generator=g).tolist() if torch.rand(1, generator=g).item() < 0.4]
+    groups += [extra, [0]] if extra else [[0]]
+    dest = [[c for i in grp for c in range(starts[i], starts[i] + widths[i])] for grp in groups]
+    asm = ColumnAssembly([len(d) for d in dest], dest, width)
+    b = int(torch.randint(0, 7, (1,), generator=g))
+    xs = [torch.randn(b, len(d), generator=g, requires_grad=k != 1) for k, d in enumerate(dest)]
+    ys = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
+    out = asm(xs)
+    cat = torch.cat(ys, dim=1)
+    flat = [c for d in dest for c in d]
+    first = {c: j for j, c in reversed(list(enumerate(flat)))}  # each output column's first writer
+    want = cat.index_select(1, torch.tensor([first[c] for c in range(width)]))
+    later = [j for j, c in enumerate(flat) if first[c] != j]
+    if later:
+        want = want.index_add(1, torch.tensor([flat[j] for j in later]), cat.index_select(1, torch.tensor(later)))
+    assert torch.allclose(out, want, atol=1e-6) and out.shape == (b, width)
+    grad = torch.randn(b, width, generator=g)
+    out.backward(grad)
+    want.backward(grad)
+    for x, y in zip(xs, ys):
+        assert (x.grad is None) == (not x.requires_grad)
+        if x.requires_grad:
+            assert torch.equal(x.grad, y.grad)
+    one = torch.randn(3, width, generator=g)
+    assert ColumnAssembly([width], [list(range(width))], width)([one]) is one
+    with pytest.raises(ValueError, match="come from no input"):
+        ColumnAssembly([1], [[0]], 2)
+    with pytest.raises(ValueError, match="distinct columns"):
+        ColumnAssembly([2], [[0, 0]], 1)
+    with pytest.raises(ValueError, match="do not match the input widths"):
+        ColumnAssembly([2], [[0]], 1)
+
+
 def _position_masks(device: str = "cpu"):
     """Masks of awkward sizes and densities: empty, one entry, none / all / some true."""
     g = torch.Generator().manual_seed(7)

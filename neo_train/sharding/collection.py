@@ -33,7 +33,7 @@ from ..data.batch import SparseFeatures
 from ..kernels import SparseOptimizerSpec
 from ..modules.embedding import check_sparse
 from .column_wise import ColumnWiseSharding
-from .common import ColumnPermutation, EmbeddingSharding, GroupFeature, ShardingContext, IdExchange, positions_where
+from .common import ColumnAssembly, EmbeddingSharding, GroupFeature, ShardingContext, IdExchange, positions_where
 from .data_parallel import DataParallelSharding
 from ..planning.hot_rows import hot_row_refusal
 from ..planning.plan import Shard, ShardingPlan, ShardingType, TablePlan
@@ -129,26 +129,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     GroupFeature(fname, len(model.tables) + j, ht, htp)
                 )
         self.groups = nn.ModuleDict()
-        order: list[str] = []
         for st in ShardingType:  # fixed order: every rank builds the groups (and their comms) alike
             if st in feats_by_type:
                 self.groups[st.value] = SHARDING_CLASSES[st](self.ctx, feats_by_type[st])
-                order.extend(f.name for f in feats_by_type[st])
         dims = {f: t.dim for t in model.tables for f in t.feature_names}
         dims.update({f + HOT_SUFFIX: t.dim for t in hot_tables for f in t.feature_names})
-        offsets, off = {}, 0
-        for f in order:
-            offsets[f] = off
-            off += dims[f]
-        perm = [c for f in self.feature_names for c in range(offsets[f], offsets[f] + dims[f])]
-        self._perm = ColumnPermutation(perm, off)
-        # a hot feature's pooled columns are added to its feature's columns of the output
+        # the groups' pooled outputs go straight into (b, sum D_f) in model feature order; a hot
+        # feature's pooled columns (its replica's) are added to its feature's columns
         out_col = dict(zip(self.feature_names, itertools.accumulate((dims[f] for f in self.feature_names), initial=0)))
-        hot_feats = [f for t in hot_tables for f in t.feature_names]
-        src = [c for f in hot_feats for c in range(offsets[f + HOT_SUFFIX], offsets[f + HOT_SUFFIX] + dims[f])]
-        dst = [c for f in hot_feats for c in range(out_col[f], out_col[f] + dims[f])]
-        self.register_buffer("_hot_src", torch.tensor(src, dtype=torch.int64), persistent=False)
-        self.register_buffer("_hot_dst", torch.tensor(dst, dtype=torch.int64), persistent=False)
+        col_of = {**out_col, **{f + HOT_SUFFIX: out_col[f] for t in hot_tables for f in t.feature_names}}
+        by_group = [g.feature_names for g in self.groups.values()]  # each group's output: its features in order
+        self._assemble = ColumnAssembly([sum(dims[f] for f in fs) for fs in by_group],
+                                        [[c for f in fs for c in range(col_of[f], col_of[f] + dims[f])] for fs in by_group],
+                                        sum(dims[f] for f in self.feature_names))  # fmt: skip
         self._hot_k = {t.name: hot_rows[t.name] for t in hot_tables}
         self._hot_features = {f: t.name for t in hot_tables for f in t.feature_names}
         for g in self.groups.values():  # table-wise: bags with no cold id skip the output exchange
@@ -241,11 +234,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
 
         def finish() -> torch.Tensor:
-            pooled = torch.cat([p.wait() for p in pend], dim=1)
-            out = self._perm(pooled)  # (b, sum D_f)
-            if self._hot_k:  # cold part (through its plan) + hot part (the local replica)
-                out = out.index_add(1, self._hot_dst, pooled.index_select(1, self._hot_src))
-            return out
+            # (b, sum D_f): cold part (through its plan) + hot part (the local replica)
+            return self._assemble([p.wait() for p in pend])
 
         return LazyTensor(finish)
 

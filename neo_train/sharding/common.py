@@ -22,7 +22,7 @@ from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
 from ..config import StorageConfig, TableConfig, cache_factor
 from ..kernels import FusedEmbeddingBag, SparseOptimizerSpec, TableSpec
-from ..kernels.columns import ColumnPermutation
+from ..kernels.columns import ColumnAssembly, ColumnPermutation
 from ..modules.storage import create_table_kernel, init_kernel_table
 from ..planning.plan import Shard, TablePlan
 
@@ -35,6 +35,7 @@ __all__ = [
     "IdExchange",
     "reserved_capacity",
     "remember_count",
+    "ColumnAssembly",
     "ColumnPermutation",
     "build_kernel",
     "flat_exchange",

@@ -69,8 +69,10 @@ class TableWiseSharding(EmbeddingSharding):
                 unit_at[(u.feature, u.shard.col_start)] = (off, u.shard.cols)
                 off += u.shard.cols
         perm: list[int] = []
+        self._unit_col: dict[tuple[int, int], int] = {}  # (feature, col_start) -> its column in group order
         for key in sorted(unit_at):
             o, w = unit_at[key]
+            self._unit_col[key] = len(perm)
             perm.extend(range(o, o + w))
         self._perm = ColumnPermutation(perm)
         self.hot_features: frozenset[str] = frozenset()  # features split by hot-row replication
@@ -116,8 +118,8 @@ class TableWiseSharding(EmbeddingSharding):
                        [source][unit][bag][chunk] order
             send_mask  (P,) index of the position's (unit, source, bag) in the routed lengths
             send_peer  (P,) the position's destination (source rank)
-            recv_at    (Q,) chunk of the received (b, sum widths) block, for each receive
-                       position in [owner][unit][bag][chunk] order
+            recv_at    (Q,) chunk of the (b, sum widths) output in group feature order, for
+                       each receive position in [owner][unit][bag][chunk] order
             recv_mask  (Q,) index of the position's (feature, bag) in ``local_out_mask``
             recv_peer  (Q,) the position's owner rank"""
         got = self._sparse_index.get(b)
@@ -140,17 +142,14 @@ class TableWiseSharding(EmbeddingSharding):
                 off += u.shard.cols
         C_tot = sum(self.widths) // g
         recv_at, recv_mask, recv_peer = [], [], []
-        base = 0
         for j, us in enumerate(self.units_by_rank):
-            off = base
             for u in us:
                 n = u.shard.cols // g
                 c = torch.arange(n, dtype=torch.int64)
-                recv_at.append((ar_b[:, None] * C_tot + off // g + c[None, :]).reshape(-1))
+                col = self._unit_col[(u.feature, u.shard.col_start)]  # straight into group order: no permutation after
+                recv_at.append((ar_b[:, None] * C_tot + col // g + c[None, :]).reshape(-1))
                 recv_mask.append((u.feature * b + ar_b).repeat_interleave(n))
                 recv_peer.append(torch.full((b * n,), j, dtype=torch.int64))
-                off += u.shard.cols
-            base += self.widths[j]
         cat = lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)).to(dev)  # noqa: E731
         got = tuple(cat(x) for x in (send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer))
         self._sparse_index[b] = got
@@ -186,8 +185,8 @@ class TableWiseSharding(EmbeddingSharding):
         def finish() -> torch.Tensor:
             with self.ctx.phase("output_dist"):
                 got = pending.wait().view(-1, g)
-                out = got.new_zeros(b * C_tot, g).index_copy(0, at, got)
-                return self._perm(out.view(b, C_tot * g))
+                # in place into fresh zeros (index_copy would clone them first), already in group order
+                return got.new_zeros(b * C_tot, g).index_copy_(0, at, got).view(b, C_tot * g)
 
         return Pending(finish)
 
