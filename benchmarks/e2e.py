@@ -37,6 +37,10 @@ What runs (each framework in its own set of W fresh processes, one after the oth
             and in flight during its backward, the host-side input checks on a loader thread), or
             with ``--no-pipeline`` ``Trainer.train_step``; TorchRec: ``TrainPipelineSparseDist.
             progress`` (which overlaps the next batch's input dist with this step).
+    malloc  both with the trainer's glibc malloc tuning (``neo_train.train.cpu_malloc``: large tensors
+            from the heap, freed memory kept mapped; the neo_train ranks get it from ``Trainer``,
+            the TorchRec ranks call it before building their model), unless the environment has
+            ``NEO_TRAIN_MALLOC=default``, which leaves both with glibc's defaults.
 
 Timing: ``--warmup`` untimed steps, a barrier, then ``--steps`` timed steps; every rank times its
 own loop, one torch thread per rank (``torch.set_num_threads(1)``); the job's time is the max over
@@ -506,8 +510,10 @@ def torchrec_rank(comm, run: Run) -> dict[str, Any]:
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+    from neo_train.train.cpu_malloc import tune_cpu_malloc
     from neo_train.train.trainer import make_dense_optimizer
 
+    tune_cpu_malloc()  # the same host allocator settings as neo_train's ranks (module docstring)
     cfg, t = run.cfg, run.cfg.train
     tracker = PhaseTracker()
     if run.phases:

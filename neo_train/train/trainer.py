@@ -28,6 +28,7 @@ from ..data.synthetic import SyntheticData
 from ..kernels import SparseOptimizerSpec
 from ..modules import DLRM, EmbeddingBagCollection
 from ..planning.plan import ShardingPlan
+from .cpu_malloc import tune_cpu_malloc
 from .hot_rows import HotRowSchedule, hot_row_counts
 from .metrics import binary_metrics
 from .pipeline import EndOfData, TrainPipeline
@@ -148,6 +149,8 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
+        if self.device.type == "cpu":  # a step's large host tensors reuse their pages (cpu_malloc.py)
+            tune_cpu_malloc()
         self.timer = PhaseTimer(cuda=self.device.type == "cuda")
         if comm is not None:
             comm = TimingCommunicator(comm, self.timer)

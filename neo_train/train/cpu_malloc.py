@@ -1,0 +1,53 @@
+"""Keep freed host memory for reuse: glibc's malloc tuned for a training process on CPU.
+
+A training step allocates the same large tensors every step (pooled embeddings, their gradients,
+the all-to-all buffers: megabytes each at b = 4096). glibc serves a request at or above its
+mmap threshold with a fresh ``mmap`` and gives it back with ``munmap`` when freed, and returns
+the top of its heap to the system once more than the trim threshold is free there. Either way
+the next step's tensor touches pages the kernel must fault in and zero again: on the project's
+2-vCPU VM a fresh 32 MB zero fill takes ~10 ms against 1.2 ms for refilling memory already
+mapped. The default thresholds adapt (the mmap threshold grows to the largest chunk freed so
+far), but a step's mix of sizes keeps them low.
+
+``tune_cpu_malloc()`` fixes the mmap threshold at glibc's largest (32 MiB on 64-bit: requests
+below it come from the heap) and the trim threshold at 1 GiB (freed heap memory stays mapped),
+so from the second step on a step reuses its pages. The cost is memory: the process keeps its
+peak heap mapped. Requests of 32 MiB and more are still mapped and unmapped each time.
+
+The trainer calls it for CPU training (``Trainer``); ``NEO_TRAIN_MALLOC=default`` in the
+environment leaves glibc as it is. It changes nothing on systems without glibc's ``mallopt``.
+On GPUs the tensors that matter live in the CUDA caching allocator, which already keeps them.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+__all__ = ["tune_cpu_malloc", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # glibc's upper limit for M_MMAP_THRESHOLD on 64-bit (4 MiB * sizeof(long))
+TRIM_THRESHOLD = 1 << 30
+
+_applied: bool | None = None
+
+
+def tune_cpu_malloc() -> bool:
+    """Apply the thresholds above once per process; True when they are in force (glibc, not
+    opted out with ``NEO_TRAIN_MALLOC=default``)."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    if os.environ.get("NEO_TRAIN_MALLOC", "").strip().lower() == "default":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt): nothing to tune
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return _applied
