@@ -252,11 +252,21 @@ def test_column_assembly_matches_cat_permute_and_add(seed) -> None:
     extra = [i for i in torch.randperm(len(widths), generator=g).tolist() if torch.rand(1, generator=g).item() < 0.4]
     groups += [extra, [0]] if extra else [[0]]
     dest = [[c for i in grp for c in range(starts[i], starts[i] + widths[i])] for grp in groups]
+    if seed % 2:  # the first input laid out like the output: the others are added onto it in place
+        dest = [list(range(width)), *dest]
     asm = ColumnAssembly([len(d) for d in dest], dest, width)
+    assert asm.onto_first == bool(seed % 2)
     b = int(torch.randint(0, 7, (1,), generator=g))
     xs = [torch.randn(b, len(d), generator=g, requires_grad=k != 1) for k, d in enumerate(dest)]
     ys = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
-    out = asm(xs)
+    # a computed (non-leaf) first input, as the collection's groups give: the in-place add may change it
+    first = xs[0] * 1.0
+    out = asm([first, *xs[1:]])
+    if asm.onto_first:
+        assert out is first
+        asm.in_place = False  # and without: the first input stays as it was
+        kept = xs[0] * 1.0
+        assert torch.equal(asm([kept, *xs[1:]]), out) and torch.equal(kept, xs[0])
     cat = torch.cat(ys, dim=1)
     flat = [c for d in dest for c in d]
     first = {c: j for j, c in reversed(list(enumerate(flat)))}  # each output column's first writer

@@ -103,10 +103,13 @@ class _AssembleColumns(torch.autograd.Function):
     @staticmethod
     def forward(ctx, asm, *xs):  # type: ignore[override]
         ctx.asm = asm
-        b = xs[0].shape[0]
-        out = xs[0].new_empty(b, asm.width)
-        for i, s, d, n in asm.copies:
-            out.narrow(1, d, n).copy_(xs[i].narrow(1, s, n))
+        if asm.onto_first:  # the first input already is the output's layout: add the others onto it
+            out = xs[0]
+            ctx.mark_dirty(out)
+        else:
+            out = xs[0].new_empty(xs[0].shape[0], asm.width)
+            for i, s, d, n in asm.copies:
+                out.narrow(1, d, n).copy_(xs[i].narrow(1, s, n))
         for i, s, d, n in asm.adds:
             out.narrow(1, d, n).add_(xs[i].narrow(1, s, n))
         return out
@@ -115,8 +118,10 @@ class _AssembleColumns(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         asm = ctx.asm
         grads = [
-            (torch.cat([grad.narrow(1, d, n) for _, d, n in runs], dim=1) if runs else grad.new_zeros(grad.shape[0], 0))
-            if ctx.needs_input_grad[1 + i] else None
+            None if not ctx.needs_input_grad[1 + i]
+            else grad if i == 0 and asm.onto_first
+            else torch.cat([grad.narrow(1, d, n) for _, d, n in runs], dim=1) if runs
+            else grad.new_zeros(grad.shape[0], 0)
             for i, runs in enumerate(asm.runs)
         ]
         return (None, *grads)
@@ -128,7 +133,8 @@ class ColumnAssembly:
     order copies and any later one adds. Forward: one output allocation, a copy or add per run of
     consecutive columns; backward: each input's gradient is the output gradient's columns it went
     to (one concatenation of runs per input). A single input mapped onto itself in order costs
-    nothing (the input is returned)."""
+    nothing (the input is returned); a first input mapped onto every column in order is the
+    output, the others added onto it in place (its gradient is the output's, uncopied)."""
 
     def __init__(self, widths: Sequence[int], dest: Sequence[Sequence[int]], width: int) -> None:
         if len(widths) != len(dest) or any(len(d) != w for d, w in zip(dest, widths)):
@@ -158,8 +164,17 @@ class ColumnAssembly:
             raise ValueError(f"ColumnAssembly: output columns {[c for c, v in enumerate(covered) if not v][:8]} ... come from no input")
         self.width = width
         self.identity = len(dest) == 1 and list(dest[0]) == list(range(width))
+        # the first input in order and covering every column: the others are added onto it in
+        # place (``in_place``), no output to allocate or copy into
+        self.onto_first = list(dest[0]) == list(range(width))
+        self.in_place = True
 
     def __call__(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The assembled (b, width) output. When the first input is laid out like the output
+        and ``in_place`` (the default: the caller's first input is a fresh tensor nothing else
+        reads), the others are added into it and it is returned."""
         if self.identity:
             return xs[0]
+        if self.onto_first and not self.in_place:
+            xs = [xs[0].clone(), *xs[1:]]
         return _AssembleColumns.apply(self, *xs)

@@ -454,14 +454,20 @@ class EmbeddingSharding(nn.Module):
         self.feature_names = [f.name for f in self.features]
         self.dims = [f.table.dim for f in self.features]
 
-    def scaled_lookup(self, routed) -> torch.Tensor:
+    def scaled_lookup(self, routed, scale: bool = True) -> torch.Tensor:
         """The lookup, timed; its gradient is scaled by 1/W on the way in (the convention's
         1/W), i.e. after the output dist's backward exchange has decoded it, so a narrow
-        backward codec carries the unscaled gradient (fp16 subnormals at large W otherwise)."""
+        backward codec carries the unscaled gradient (fp16 subnormals at large W otherwise).
+        ``scale=False``: the caller scales (``scale_grad``) a smaller tensor the gradient
+        reaches first."""
         with self.ctx.phase("lookup"):
             pooled = self.lookup(routed)
+        return self.scale_grad(pooled) if scale else pooled
+
+    def scale_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """x, with its gradient scaled by 1/W (``scaled_lookup``)."""
         W = self.ctx.world_size
-        return ScaleGrad.apply(pooled, 1.0 / W) if W > 1 else pooled
+        return ScaleGrad.apply(x, 1.0 / W) if W > 1 else x
 
     def compute_async(self, routed, b: int) -> Pending:
         """Lookup now, output dist in flight: the caller overlaps compute until ``wait()``.

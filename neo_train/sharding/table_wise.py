@@ -177,6 +177,7 @@ class TableWiseSharding(EmbeddingSharding):
         n = counts.tolist()  # the one host sync of the sparse exchange: both sides' split sizes
         ins, outs = [x * g for x in n[:W]], [x * g for x in n[W:]]
         send = pooled.reshape(-1, g).index_select(0, send_at.index_select(0, positions_where(sm, sum(n[:W])))).reshape(-1)
+        send = self.scale_grad(send)
         pending = all_to_all_v_async(self.ctx.comm, send, ins, outs, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                      "output_dist", ([g] * W, [g] * W))  # fmt: skip
         at = recv_at.index_select(0, positions_where(rm, sum(n[W:])))
@@ -211,9 +212,9 @@ class TableWiseSharding(EmbeddingSharding):
 
     def compute_async(self, routed: Routed, b: int) -> Pending:
         """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP)."""
+        if self.sparse_output:  # the 1/W scales the gradients of the rows sent only (the rest are zeros)
+            return self._sparse_exchange(self._pooled_or_empty(self.scaled_lookup(routed, scale=False), b), routed, b)
         pooled = self._pooled_or_empty(self.scaled_lookup(routed), b)
-        if self.sparse_output:
-            return self._sparse_exchange(pooled, routed, b)
         pending = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                 "output_dist", async_op=True)
 
