@@ -151,3 +151,29 @@ def test_the_run_stops_together_when_the_data_ends(pipeline):
     losses, steps, notes, ev = ranks[0]
     assert len(losses) == 5 and steps == 5 and ranks[1][:2] == (losses, steps)
     assert notes == ["the training data ended at step 5 of 9 (the given data)"] and "auc" in ev
+
+
+def _short_batch(comm):
+    from neo_train.data.synthetic import SyntheticData
+
+    cfg = _cfg(True)
+    t = Trainer(cfg, comm=comm, plan=ShardingPlan.uniform(cfg.model, "table_wise", comm.world_size), progress=False)
+    b = cfg.train.batch_size
+    data = SyntheticData(cfg.model, cfg.data, b, seed=0, rank=comm.rank, world_size=comm.world_size)
+    full = data.batch(0)
+    t.check_batch(full, 0)  # a full batch passes
+    short = SyntheticData(cfg.model, cfg.data, b - 1 - comm.rank, seed=0, rank=comm.rank, world_size=comm.world_size).batch(3)
+    with pytest.raises(ValueError) as e:
+        t.check_batch(short, 3)
+    return str(e.value)
+
+
+def test_a_batch_of_another_size_is_refused_before_any_collective():
+    """A rank whose batch is not train.batch_size would mis-size the input dist's all-to-all
+    (gloo aborts the process on the size mismatch): the host-side check names the rank, the
+    step, both sizes and the fix, before the batch reaches a collective."""
+    errs = run_ranks(_short_batch, 2)
+    b = _cfg(True).train.batch_size
+    for r, msg in enumerate(errs):
+        assert f"on rank {r} (the batch of step 3) has {b - 1 - r} samples, train.batch_size is {b}" in msg
+        assert "drop_last=True" in msg

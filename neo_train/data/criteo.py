@@ -34,7 +34,9 @@ the whole stream, which keeps the ranks in lock-step without any communication.
 A short final global batch of n < W*b lines is dropped with ``drop_last=True``; otherwise it is
 split as evenly as possible, rank r taking lines [n*r//W, n*(r+1)//W) of it, so concatenation
 stays exact and every rank yields the same number of batches (a rank may get an empty batch
-when n < W: the collectives of a step still need it to take part).
+when n < W: the collectives of a step still need it to take part). Sharded training needs equal
+batches (its exchanges are sized by ``train.batch_size``): ``Trainer.check_batch`` refuses a batch
+of another size, naming the rank and step, so train with ``drop_last=True``.
 
 Epochs and the evaluation hold-out. ``epochs`` passes over the file make one stream of batches
 (0: passes without end; the consumer decides when to stop); the stream ends after the last pass,

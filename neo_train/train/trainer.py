@@ -210,9 +210,19 @@ class Trainer:
         """The host-side input checks (feature names always; with ``train.check_inputs`` also an
         empty batch, non-finite dense values / labels / weights, labels outside [0, 1], bag
         lengths and id ranges; the modulo id mapping), before the batch goes to the device, so
-        on a GPU they cost no device sync. Raises ValueError naming the field, rank and step."""
+        on a GPU they cost no device sync. Raises ValueError naming the field, rank and step.
+        Sharded training (several ranks) also needs every batch to hold ``train.batch_size``
+        samples: the embeddings' exchanges size every rank's share from one batch size, and a
+        rank with another would break the collective (gloo aborts the process)."""
         check = self.cfg.train.check_inputs
         at = "" if step is None else f" (the batch of step {step})"
+        b = self.cfg.train.batch_size
+        if self.comm is not None and self.world_size > 1 and batch.batch_size != b:
+            raise ValueError(
+                f"the batch{self._where()}{at} has {batch.batch_size} samples, train.batch_size is {b}: sharded "
+                f"training needs every rank's batches to hold train.batch_size samples (drop a short last batch: "
+                f"CriteoDataset(drop_last=True), the default)"
+            )
         try:
             sparse = self.model.embeddings.validate(batch.sparse, check=check)  # its errors name the rank
         except ValueError as e:
