@@ -253,7 +253,7 @@ def test_column_assembly_matches_cat_permute_and_add(seed) -> None:
     groups += [extra, [0]] if extra else [[0]]
     dest = [[c for i in grp for c in range(starts[i], starts[i] + widths[i])] for grp in groups]
     if seed % 2:  # the first input laid out like the output: the others are added onto it in place
-        dest = [list(range(width)), *dest]
+        dest = [list(range(width)), *dest, list(range(width))]  # (the last: an added one laid out alike)
     asm = ColumnAssembly([len(d) for d in dest], dest, width)
     assert asm.onto_first == bool(seed % 2)
     b = int(torch.randint(0, 7, (1,), generator=g))

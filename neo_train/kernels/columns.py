@@ -119,7 +119,7 @@ class _AssembleColumns(torch.autograd.Function):
         asm = ctx.asm
         grads = [
             None if not ctx.needs_input_grad[1 + i]
-            else grad if i == 0 and asm.onto_first
+            else grad if i in asm.whole  # laid out like the output: its gradient is the output's
             else torch.cat([grad.narrow(1, d, n) for _, d, n in runs], dim=1) if runs
             else grad.new_zeros(grad.shape[0], 0)
             for i, runs in enumerate(asm.runs)
@@ -134,7 +134,8 @@ class ColumnAssembly:
     consecutive columns; backward: each input's gradient is the output gradient's columns it went
     to (one concatenation of runs per input). A single input mapped onto itself in order costs
     nothing (the input is returned); a first input mapped onto every column in order is the
-    output, the others added onto it in place (its gradient is the output's, uncopied)."""
+    output, the others added onto it in place; any input mapped onto every column in order gets
+    the output's gradient itself, uncopied."""
 
     def __init__(self, widths: Sequence[int], dest: Sequence[Sequence[int]], width: int) -> None:
         if len(widths) != len(dest) or any(len(d) != w for d, w in zip(dest, widths)):
@@ -167,6 +168,7 @@ class ColumnAssembly:
         # the first input in order and covering every column: the others are added onto it in
         # place (``in_place``), no output to allocate or copy into
         self.onto_first = list(dest[0]) == list(range(width))
+        self.whole = {i for i, d in enumerate(dest) if list(d) == list(range(width))}  # inputs laid out like the output
         self.in_place = True
 
     def __call__(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
