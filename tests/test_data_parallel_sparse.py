@@ -177,7 +177,7 @@ def _rank_order_body(comm):
     y = ebc(SparseFeatures.from_features({"a": (ids, torch.tensor([1], dtype=torch.int32), None)}))
     g = torch.randn(1, 3, generator=torch.Generator().manual_seed(zlib.crc32(b"order") + comm.rank)) * 10 ** comm.rank
     (y * g).sum().backward()
-    return seen[0][0], -group.kernel.get_table(0)[2]  # the row's gradient here (after the 1/W scaling), the sum
+    return seen[0][0] * (1.0 / comm.world_size), -group.kernel.get_table(0)[2]  # the row's gradient here (with the 1/W), the sum
 
 
 @pytest.mark.parametrize("dims", [(4, 6, 2), (4, 4, 4)], ids=["mixed_dims", "uniform"])

@@ -286,6 +286,8 @@ def test_column_assembly_matches_cat_permute_and_add(seed) -> None:
     assert ColumnAssembly([width], [list(range(width))], width)([one]) is one
     with pytest.raises(ValueError, match="come from no input"):
         ColumnAssembly([1], [[0]], 2)
+    with pytest.raises(ValueError, match="no inputs"):
+        ColumnAssembly([], [], 0)
     with pytest.raises(ValueError, match="distinct columns"):
         ColumnAssembly([2], [[0, 0]], 1)
     with pytest.raises(ValueError, match="do not match the input widths"):

@@ -138,6 +138,8 @@ class ColumnAssembly:
     the output's gradient itself, uncopied."""
 
     def __init__(self, widths: Sequence[int], dest: Sequence[Sequence[int]], width: int) -> None:
+        if not dest:
+            raise ValueError("ColumnAssembly: no inputs")
         if len(widths) != len(dest) or any(len(d) != w for d, w in zip(dest, widths)):
             raise ValueError(f"ColumnAssembly: destinations {[len(d) for d in dest]} do not match the input widths {list(widths)}")
         covered = [False] * width

@@ -179,6 +179,11 @@ class DataParallelSharding(EmbeddingSharding):
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
         return pooled
 
+    def scale_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """x as is: the convention's 1/W is applied by ``_touched_grads`` to the ids' gathered
+        gradient rows (the same products, on fewer values than the (b, sum D_f) gradient)."""
+        return x
+
     # ---- the backward: sum the row gradients over ranks, update every replica alike ----------
     def _counts_first(self) -> bool:
         """Whether this step exchanges the counts before choosing (else dense, counts inside)."""
@@ -264,6 +269,9 @@ class DataParallelSharding(EmbeddingSharding):
                 pad[fi, :, :d] = grad[:, self._col[fi] : self._col[fi + 1]]
             g = pad.view(F * b, D).index_select(0, t.bag)
         g = g.float()
+        W = self.ctx.world_size
+        if W > 1:  # the 1/W the lookup's output left out (scale_grad), before the id weights, as elsewhere
+            g = g * (1.0 / W)
         if t.psw is not None:
             g = g * t.psw.unsqueeze(1)
         if not t.dense:
