@@ -4,6 +4,8 @@ measured on gloo ranks of this CPU and simulated at Model-A scale (issue 13, ite
     python benchmarks/hot_rows.py --json hot_rows.json --png hot_rows.png    # the default (~3 min, 2 cores)
     python benchmarks/hot_rows.py --quick --json h.json --png h.png          # a smoke run (~15 s)
     python benchmarks/hot_rows.py --world-sizes 2 --zipf 1.05 --sharding row_wise --steps 60
+    python benchmarks/hot_rows.py --pooling 1 --zipf 1.05 --batch-size 4096 --dim 128 --steps 20 \
+        --codecs '' --no-sim                   # the large-batch rows of notes/hot_rows.md (~3 min)
 
 Issue 13's goal: at Zipf 1.05, ``dist.hot_rows = auto`` sends >= 2x fewer all-to-all bytes per
 step than no replication, with a lower measured step time. The verdict is printed per W (PASS /
