@@ -286,18 +286,19 @@ def _skip_body(comm, hot: bool, codec: str | None):
                                         hot_rows={t: ids.numel() for t, ids in SKIP_HOT.items()} if hot else None)  # fmt: skip
     if hot:
         ebc.set_hot_rows(SKIP_HOT)
-    outs, per_step, skipped = [], [], []
+    outs, per_step, skipped, grad_fns = [], [], [], set()
     for s in range(SKIP_STEPS):
         sparse, skip = _skip_batch(comm.rank, s)
         before = dict(comm.bytes_by_tag)
         out = ebc(sparse)
+        grad_fns.add(type(out.grad_fn).__name__)
         up = torch.randn(SKIP_B, out.shape[1], generator=torch.Generator().manual_seed(7 * s + comm.rank))
         (out * up).sum().backward()
         outs.append(out.detach())
         per_step.append({k: v - before.get(k, 0) for k, v in comm.bytes_by_tag.items()})
         skipped.append(skip)
     owner = {f: plan[t.name].shards[0].rank for t in SKIP_TABLES for f in t.feature_names}
-    return outs, ebc.gather_tables(), per_step, skipped, owner
+    return outs, ebc.gather_tables(), per_step, skipped, owner, grad_fns
 
 
 @pytest.mark.parametrize("W", [3, 5])
@@ -324,6 +325,9 @@ def test_bags_with_no_cold_id_skip_the_output_exchange_exactly(W: int) -> None:
             for tag, skipped in (("output_dist", sent), ("output_dist_bwd", got)):
                 assert off[r][2][s][tag] - on[r][2][s][tag] == 4 * skipped, (r, s, tag, off[r][2][s], on[r][2][s])
     assert total_skipped > 0
+    # the replicas are added in place onto the table-wise group's output, which is not a view of
+    # another tensor: autograd records the add itself, no CopySlices copying the whole gradient
+    assert all(on[r][5] == {"_AssembleColumnsBackward"} for r in range(W)), [on[r][5] for r in range(W)]
     for name, entry in off[0][1].items():
         for key, value in entry.items():
             torch.testing.assert_close(on[0][1][name][key], value, rtol=1e-5, atol=1e-6,

@@ -35,6 +35,26 @@ from .common import (EmbeddingSharding, GroupFeature, ColumnPermutation, Routed,
 __all__ = ["TableWiseSharding"]
 
 
+class _ScatterRows(torch.autograd.Function):
+    """rows (n, g) into zeros (b, C g) at chunks ``at`` of its (b C, g) view. The result is a
+    fresh tensor, not a view of one (``zeros(b C, g).index_copy_(...).view(b, C g)`` is), so an
+    in-place add onto it (``ColumnAssembly``) does not make autograd copy the whole gradient back
+    and forth (``CopySlices``). The backward only gathers the sent rows' gradients."""
+
+    @staticmethod
+    def forward(ctx, rows, at, b, C):  # type: ignore[override]
+        ctx.save_for_backward(at)
+        ctx.g = g = rows.shape[1]
+        out = rows.new_zeros(b, C * g)
+        out.view(b * C, g).index_copy_(0, at, rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (at,) = ctx.saved_tensors
+        return grad.reshape(-1, ctx.g).index_select(0, at), None, None, None
+
+
 class TableWiseSharding(EmbeddingSharding):
     def __init__(self, ctx: ShardingContext, features: Sequence[GroupFeature]) -> None:
         super().__init__(ctx, features)
@@ -185,9 +205,8 @@ class TableWiseSharding(EmbeddingSharding):
 
         def finish() -> torch.Tensor:
             with self.ctx.phase("output_dist"):
-                got = pending.wait().view(-1, g)
-                # in place into fresh zeros (index_copy would clone them first), already in group order
-                return got.new_zeros(b * C_tot, g).index_copy_(0, at, got).view(b, C_tot * g)
+                # into zeros at their places in group order (no permutation after)
+                return _ScatterRows.apply(pending.wait().view(-1, g), at, b, C_tot)
 
         return Pending(finish)
 
