@@ -144,11 +144,10 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path) -> dict
 def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float]]:
     """(mean compute between two blocking intervals of a rank, mean compute while an asynchronous
     collective is in flight, the same per collective kind) in the steady steps, seconds
-    (``trace_duty``, ``trace_overlaps``): the busy calibration's compute bursts and its overlap."""
-    from neo_train.topology.trace_input import load_trace, trace_duty, trace_overlaps
+    (``trace_duties``): the busy calibration's compute bursts and its overlap."""
+    from neo_train.topology.trace_input import load_trace, trace_duties
 
-    trace = load_trace(trace_dir)
-    return (*trace_duty(trace, warmup), trace_overlaps(trace, warmup))
+    return trace_duties(load_trace(trace_dir), warmup)
 
 
 def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> list[dict[str, Any]]:

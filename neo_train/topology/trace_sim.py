@@ -45,7 +45,7 @@ from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
 from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers, has_recorded_compute,
                           load_trace, network_collectives, timeline_phases, trace_markers, trace_phases,
-                          trace_duty, trace_overlaps, trace_transports, trace_world_size)
+                          trace_duties, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
            "calibrated_collectives", "entry_sizes"]
@@ -400,9 +400,9 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
     if per_rank:
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         warmup = getattr(args, "warmup_steps", None)
-        gap, overlap = trace_duty(traces, WARMUP_STEPS if warmup is None else warmup)
-        by_kind = {k: v for k, v in trace_overlaps(traces, WARMUP_STEPS if warmup is None else warmup).items()
-                   if k in KINDS}  # the kinds a calibration measures
+        warmup = WARMUP_STEPS if warmup is None else warmup
+        gap, overlap, by_kind = trace_duties(traces, warmup)
+        by_kind = {k: v for k, v in by_kind.items() if k in KINDS}  # the kinds a calibration measures
         if gap > 0:
             kinds = ",".join(f"{k}={v * 1e3:.2f}" for k, v in by_kind.items()) or f"{overlap * 1e3:.2f}"
             print(f"duty: {gap * 1e3:.2f} ms of compute between blocking intervals, {overlap * 1e3:.2f} ms while an "
@@ -410,7 +410,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
                   f"{world} --busy-ms {gap * 1e3:.2f} --overlap-ms {kinds} --out FILE)")
         tl = timeline_phases(traces, factory)
         res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
-        val = validate_timeline(tl, res, WARMUP_STEPS if warmup is None else warmup)
+        val = validate_timeline(tl, res, warmup)
         if val.steady():
             print(val.table())
         else:
