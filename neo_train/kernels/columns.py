@@ -24,15 +24,20 @@ import torch
 __all__ = ["ColumnAssembly", "ColumnPermutation"]
 
 
+def _index_runs(cols: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The map i -> cols[i] as (i start, cols[i] start, length) runs where both go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for i, c in enumerate(cols):
+        if runs and runs[-1][1] + runs[-1][2] == c:  # i goes up by one every time
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, c, 1))
+    return runs
+
+
 def _column_runs(cols: Sequence[int]) -> list[tuple[int, int]]:
     """cols as (source start, length) runs of consecutive columns, in output order."""
-    runs: list[tuple[int, int]] = []
-    for c in cols:
-        if runs and runs[-1][0] + runs[-1][1] == c:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((c, 1))
-    return runs
+    return [(c, n) for _, c, n in _index_runs(cols)]
 
 
 class _SelectColumnRuns(torch.autograd.Function):
@@ -88,17 +93,6 @@ class ColumnPermutation:
         return x.index_select(1, self.index)
 
 
-def _assembly_runs(cols: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(source start, destination start, length) runs of consecutive source -> destination columns."""
-    runs: list[tuple[int, int, int]] = []
-    for c, d in enumerate(cols):
-        if runs and runs[-1][0] + runs[-1][2] == c and runs[-1][1] + runs[-1][2] == d:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((c, d, 1))
-    return runs
-
-
 class _AssembleColumns(torch.autograd.Function):
     @staticmethod
     def forward(ctx, asm, *xs):  # type: ignore[override]
@@ -150,7 +144,7 @@ class ColumnAssembly:
             cols = [int(c) for c in cols]
             if len(set(cols)) != len(cols) or any(not 0 <= c < width for c in cols):
                 raise ValueError(f"ColumnAssembly: input {i}'s destinations must be distinct columns in [0, {width})")
-            runs = _assembly_runs(cols)
+            runs = _index_runs(cols)  # (source start, destination start, length)
             self.runs.append(runs)
             for s, d, n in runs:  # a run splits where it moves from first writes to adds
                 at = 0
@@ -166,11 +160,11 @@ class ColumnAssembly:
         if not all(covered):
             raise ValueError(f"ColumnAssembly: output columns {[c for c, v in enumerate(covered) if not v][:8]} ... come from no input")
         self.width = width
-        self.identity = len(dest) == 1 and list(dest[0]) == list(range(width))
+        self.whole = {i for i, d in enumerate(dest) if list(d) == list(range(width))}  # inputs laid out like the output
         # the first input in order and covering every column: the others are added onto it in
         # place (``in_place``), no output to allocate or copy into
-        self.onto_first = list(dest[0]) == list(range(width))
-        self.whole = {i for i, d in enumerate(dest) if list(d) == list(range(width))}  # inputs laid out like the output
+        self.onto_first = 0 in self.whole
+        self.identity = self.onto_first and len(dest) == 1
         self.in_place = True
 
     def __call__(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
