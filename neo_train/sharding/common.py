@@ -34,7 +34,6 @@ __all__ = [
     "Sends",
     "IdExchange",
     "reserved_capacity",
-    "remember_count",
     "ColumnAssembly",
     "ColumnPermutation",
     "build_kernel",
@@ -231,8 +230,9 @@ class IdExchange:
         cap_send = [reserved_capacity(h) for h in sent_book]
         cap_recv = [reserved_capacity(h) for h in recv_book]
         widths = [2 if g.weighted else 1 for g in groups]  # entries per id: the id (and its weight)
+        entries = lambda ids: [sum(n * w for n, w in zip(row, widths)) for row in ids]  # noqa: E731 - per peer
         n_send = [[sum(int(v.numel()) for v in g.per_dest[j][1]) for g in groups] for j in range(W)]
-        m_send = [sum(n * w for n, w in zip(row, widths)) for row in n_send]
+        m_send = entries(n_send)
         overflow = int(any(m > c for m, c in zip(m_send, cap_send)))
         header = torch.tensor([x for row in n_send for x in (*row, overflow)], dtype=torch.int64)
         if torch.device(device).type == "cuda":  # pinned, copied without a host sync (run on CPU only so far)
@@ -265,7 +265,7 @@ class IdExchange:
             starts = [sum(outs[:i]) for i in range(W)]
             heads = torch.cat([recv.narrow(0, s, G + 1) for s in starts]).view(W, G + 1).tolist()
             n_recv = [h[:G] for h in heads]
-            m_recv = [sum(n * w for n, w in zip(row, widths)) for row in n_recv]
+            m_recv = entries(n_recv)
             second = None
             if any(h[G] for h in heads):  # some sender overflowed: the rest, from every sender at once
                 more_in = [max(0, m - c) for m, c in zip(m_send, cap_send)]

@@ -217,7 +217,7 @@ class Trainer:
         check = self.cfg.train.check_inputs
         at = "" if step is None else f" (the batch of step {step})"
         b = self.cfg.train.batch_size
-        if self.comm is not None and self.world_size > 1 and batch.batch_size != b:
+        if self.world_size > 1 and batch.batch_size != b:
             raise ValueError(
                 f"the batch{self._where()}{at} has {batch.batch_size} samples, train.batch_size is {b}: sharded "
                 f"training needs every rank's batches to hold train.batch_size samples (drop a short last batch: "
