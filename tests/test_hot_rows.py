@@ -286,6 +286,10 @@ def _skip_body(comm, hot: bool, codec: str | None):
                                         hot_rows={t: ids.numel() for t, ids in SKIP_HOT.items()} if hot else None)  # fmt: skip
     if hot:
         ebc.set_hot_rows(SKIP_HOT)
+    looked_up: list[int] = []  # bags per call of the table-wise group's kernel on this rank
+    for g in ebc.groups.values():
+        if type(g).__name__ == "TableWiseSharding" and g.kernel is not None:
+            g.kernel.register_forward_pre_hook(lambda m, args: looked_up.append(args[1].numel() - 1))
     outs, per_step, skipped, grad_fns = [], [], [], set()
     for s in range(SKIP_STEPS):
         sparse, skip = _skip_batch(comm.rank, s)
@@ -298,7 +302,7 @@ def _skip_body(comm, hot: bool, codec: str | None):
         per_step.append({k: v - before.get(k, 0) for k, v in comm.bytes_by_tag.items()})
         skipped.append(skip)
     owner = {f: plan[t.name].shards[0].rank for t in SKIP_TABLES for f in t.feature_names}
-    return outs, ebc.gather_tables(), per_step, skipped, owner, grad_fns
+    return outs, ebc.gather_tables(), per_step, skipped, owner, grad_fns, looked_up
 
 
 @pytest.mark.parametrize("W", [3, 5])
@@ -307,7 +311,8 @@ def test_bags_with_no_cold_id_skip_the_output_exchange_exactly(W: int) -> None:
     two features, one without replication), W = 5 leaves a rank with no table: the pooled rows and
     the trained tables and Adam state match the run without replication, and each rank's
     output_dist bytes (the rows it owns) and output_dist_bwd bytes (its own bags' gradients)
-    drop by exactly the skipped bags' rows (4 B x D each)."""
+    drop by exactly the skipped bags' rows (4 B x D each); an owner's lookup pools only the bags
+    sent, each of its features padded to the most any of them sends."""
     off = run_ranks(_skip_body, W, False, None)
     on = run_ranks(_skip_body, W, True, None)
     dims = {f: t.dim for t in SKIP_TABLES for f in t.feature_names}
@@ -322,6 +327,12 @@ def test_bags_with_no_cold_id_skip_the_output_exchange_exactly(W: int) -> None:
                        for x in flags if x)  # fmt: skip
             got = sum(dims[f] for f, flags in on[r][3][s].items() for x in flags if x)
             total_skipped += sent
+            # the owner's lookup: per feature (unit) the bags it sends, all W b when not replicated
+            units = [f for f in owner if owner[f] == r]
+            sends = [sum(not x for src in range(W) for x in on[src][3][s][f]) for f in units]
+            if units:
+                assert on[r][6][s] == len(units) * max(max(sends), 1), (r, s, on[r][6][s], sends)
+                assert off[r][6][s] == len(units) * W * SKIP_B
             for tag, skipped in (("output_dist", sent), ("output_dist_bwd", got)):
                 assert off[r][2][s][tag] - on[r][2][s][tag] == 4 * skipped, (r, s, tag, off[r][2][s], on[r][2][s])
     assert total_skipped > 0

@@ -13,7 +13,8 @@ the owner, so its row skips the output exchange, forward and backward. Both side
 bags are skipped without any message: the owner from the cold lengths it received in the input
 dist, the receiving rank from its own split of the batch before it. The exchange then carries
 one row of D_u values per (unit, bag) sent, owner-side order [source][unit][bag] (a feature
-without replication sends every bag), as chunks of g = gcd of the group's unit widths (one row
+without replication sends every bag), and the owner's lookup pools only the bags it sends (each
+unit's padded to the most any unit sends: the kernel wants one bag count per table), as chunks of g = gcd of the group's unit widths (one row
 per chunk for the codecs; g = D when every table has the same dim); the receiver scatters them
 into zeros (the backward gathers the gradient rows of the sent bags, the owner scatters them into
 zeros). The split sizes change per step: one device-to-host copy of both sides' counts per step.
@@ -175,32 +176,48 @@ class TableWiseSharding(EmbeddingSharding):
         self._sparse_index[b] = got
         return got
 
-    def _sparse_exchange(self, pooled: torch.Tensor, routed: Routed, b: int) -> Pending:
-        """The output dist of the rows of bags with a cold id only (module docstring)."""
+    def _sparse_exchange(self, routed: Routed, b: int) -> Pending:
+        """Lookup and output dist of the rows of bags with a cold id only (module docstring).
+
+        The lookup runs over those bags only: a replicated feature's bags without a cold id hold
+        no ids, so dropping them from the lengths (the values stay as they are) gives each unit
+        n_u bags; the kernel wants one bag count per table, so every unit is padded with empty
+        bags to B' = max n_u (at Zipf 1.05 one-hot, about a quarter of the W b bags the full
+        lookup pools, zero-fills and takes the gradient of). ``crow`` maps a routed bag to its
+        row of the compacted output."""
         W, r, g = self.ctx.world_size, self.ctx.rank, self._chunk()
         send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer = self._indices(b)
         dev = self.ctx.device
-        # the owner's mask, (U, W, b) in routed order: a replicated feature's bags with a cold id
+        # the owner's mask, (U, W b) in routed order: a replicated feature's bags with a cold id
         U = len(self.units_by_rank[r])
-        if U:
-            cold_only = self._unit_not_hot()
-            owner = ((routed.lengths.view(U, W, b) > 0) | cold_only[:, None, None]).reshape(-1)
-            sm = owner.index_select(0, send_mask)
-        else:
-            sm = torch.zeros(0, dtype=torch.bool, device=dev)
+        owner = (routed.lengths.view(U, W * b) > 0) | self._unit_not_hot()[:, None]
+        sm = owner.view(-1).index_select(0, send_mask)
         local = routed.out_mask
         assert local is not None, "a sparse output exchange needs the receiving side's mask (local_out_mask)"
         rm = local.to(dev).reshape(-1).index_select(0, recv_mask)
-        counts = torch.zeros(2 * W, dtype=torch.int64, device=dev)
+        counts = torch.zeros(2 * W + U, dtype=torch.int64, device=dev)
         counts.index_add_(0, send_peer, sm.to(torch.int64))
         counts.index_add_(0, recv_peer + W, rm.to(torch.int64))
-        n = counts.tolist()  # the one host sync of the sparse exchange: both sides' split sizes
-        ins, outs = [x * g for x in n[:W]], [x * g for x in n[W:]]
-        send = pooled.reshape(-1, g).index_select(0, send_at.index_select(0, positions_where(sm, sum(n[:W])))).reshape(-1)
-        send = self.scale_grad(send)
+        counts[2 * W:] = owner.sum(1)
+        n = counts.tolist()  # the one host sync: both sides' split sizes and the bags each unit looks up
+        ins, outs = [x * g for x in n[:W]], [x * g for x in n[W:2 * W]]
+        rows = max(n[2 * W:], default=0)
+        crow = torch.cumsum(owner, 1).sub_(1)  # (U, W b) int64: the bag's row in the compacted lookup
+        if U:
+            rows = max(rows, 1)  # no kernel call with zero bags
+            kept = positions_where(owner.view(-1), sum(n[2 * W:]))
+            at_row = crow.view(-1).index_select(0, kept) + kept.div(W * b, rounding_mode="floor") * rows
+            lengths = routed.lengths.new_zeros(U * rows).index_copy_(0, at_row, routed.lengths.index_select(0, kept))
+            routed = Routed(routed.values, lengths, routed.weights, routed.out_mask)
+        pooled = self._pooled_or_empty(self.scaled_lookup(routed, scale=False), rows)  # (rows, D_me)
+        # the 1/W scales the gradients of the rows sent only (the rest are zeros)
+        sent = positions_where(sm, sum(n[:W]))
+        C_me = self.widths[r] // g
+        at_send = crow.view(-1).index_select(0, send_mask.index_select(0, sent)) * C_me + send_at.index_select(0, sent) % C_me
+        send = self.scale_grad(pooled.reshape(-1, g).index_select(0, at_send).reshape(-1))
         pending = all_to_all_v_async(self.ctx.comm, send, ins, outs, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                      "output_dist", ([g] * W, [g] * W))  # fmt: skip
-        at = recv_at.index_select(0, positions_where(rm, sum(n[W:])))
+        at = recv_at.index_select(0, positions_where(rm, sum(n[W:2 * W])))
         C_tot = sum(self.widths) // g
 
         def finish() -> torch.Tensor:
@@ -231,9 +248,9 @@ class TableWiseSharding(EmbeddingSharding):
 
     def compute_async(self, routed: Routed, b: int) -> Pending:
         """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP)."""
-        if self.sparse_output:  # the 1/W scales the gradients of the rows sent only (the rest are zeros)
-            return self._sparse_exchange(self._pooled_or_empty(self.scaled_lookup(routed, scale=False), b), routed, b)
-        pooled = self._pooled_or_empty(self.scaled_lookup(routed), b)
+        if self.sparse_output:
+            return self._sparse_exchange(routed, b)
+        pooled = self._pooled_or_empty(self.scaled_lookup(routed), self.ctx.world_size * b)
         pending = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                 "output_dist", async_op=True)
 
@@ -243,14 +260,14 @@ class TableWiseSharding(EmbeddingSharding):
 
         return Pending(finish)
 
-    def _pooled_or_empty(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
+    def _pooled_or_empty(self, pooled: torch.Tensor, rows: int) -> torch.Tensor:
         if self.kernel is None:
             # requires_grad so this rank still joins the mirror all-to-all in the backward
-            return torch.zeros(self.ctx.world_size * b, 0, device=self.ctx.device, requires_grad=True)
+            return torch.zeros(rows, 0, device=self.ctx.device, requires_grad=True)
         return pooled
 
     def output_dist(self, pooled: torch.Tensor, b: int) -> torch.Tensor:
-        pooled = self._pooled_or_empty(pooled, b)
+        pooled = self._pooled_or_empty(pooled, self.ctx.world_size * b)
         out = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec, "output_dist")
         return self._perm(out)  # (b, sum D_f) in group order
 
