@@ -180,8 +180,8 @@ class DataParallelSharding(EmbeddingSharding):
         return pooled
 
     def scale_grad(self, x: torch.Tensor) -> torch.Tensor:
-        """x as is: the convention's 1/W is applied by ``_touched_grads`` to the ids' gathered
-        gradient rows (the same products, on fewer values than the (b, sum D_f) gradient)."""
+        """x as is: the convention's 1/W is applied by ``_touched_grads`` to the touched rows'
+        summed gradients (far fewer values than the (b, sum D_f) gradient)."""
         return x
 
     # ---- the backward: sum the row gradients over ranks, update every replica alike ----------
@@ -199,14 +199,16 @@ class DataParallelSharding(EmbeddingSharding):
         backward overlaps it; the counts exchange was started in the forward. One
         device-to-host copy."""
         W, T = self.ctx.world_size, len(self._rows)
-        rows = self._touched_grads(grad, touched)
         keys, counts = touched.keys, touched.counts
         every = None
         if touched.counts_handle is None:
             how = "dense"
+            rows = self._touched_grads(grad, touched)
         else:
             every = touched.counts_handle.wait().view(W, T).tolist()
             how = "sparse" if self.grad_sync == "sparse" or self._sparse_cheaper(every) else "dense"
+            mine = sum(every[self.ctx.rank])  # this rank's touched rows: the sums need no more
+            rows, keys = self._touched_grads(grad, touched, mine), keys[:mine]
         finish = self._sparse_sum(keys, rows, every) if how == "sparse" else self._dense_sum(keys, rows, counts, every)
 
         def done() -> None:
@@ -256,10 +258,12 @@ class DataParallelSharding(EmbeddingSharding):
             handle = self.ctx.comm.all_gather_v(counts, [T] * W, async_op=True, tag="dp_grad_counts")
         return _Touched(bag, psw, pos, keys, counts, dense, handle)
 
-    def _touched_grads(self, grad: torch.Tensor, t: _Touched) -> torch.Tensor:
-        """(M, D) float32: the summed gradient of each of ``t.keys`` (D = the largest dim; a
-        narrower table's rows zero-padded), zeros past the touched rows. Each id's gradient is
-        added in id order (both layouts: the same float sums)."""
+    def _touched_grads(self, grad: torch.Tensor, t: _Touched, rows: int | None = None) -> torch.Tensor:
+        """(rows, D) float32: the summed gradient of each of the first ``rows`` of ``t.keys``
+        (default all M; D = the largest dim; a narrower table's rows zero-padded), zeros past the
+        touched rows; the convention's 1/W (``scale_grad``) applied. Each id's gradient is added
+        in id order (both layouts: the same float sums); the 1/W scales the sums (the same
+        values when W is a power of two), or, with per-id weights, rides on them."""
         F, b, D = len(self.features), grad.shape[0], self._dmax
         if self._uniform:  # grad (b, F*D) as (b*F, D): bag f*b+s is row s*F+f
             g = grad.reshape(b * F, D).index_select(0, (t.bag % b) * F + t.bag // b)
@@ -270,15 +274,18 @@ class DataParallelSharding(EmbeddingSharding):
             g = pad.view(F * b, D).index_select(0, t.bag)
         g = g.float()
         W = self.ctx.world_size
-        if W > 1:  # the 1/W the lookup's output left out (scale_grad), before the id weights, as elsewhere
-            g = g * (1.0 / W)
+        scale = 1.0 / W if W > 1 else None  # the 1/W the lookup's output left out (scale_grad)
         if t.psw is not None:
-            g = g * t.psw.unsqueeze(1)
+            g = g * (t.psw if scale is None else t.psw * scale).unsqueeze(1)
+            scale = None
+        M = t.keys.numel() if rows is None else rows
         if not t.dense:
-            return torch.zeros(t.keys.numel(), D, device=g.device).index_add_(0, t.pos, g)
-        every_row = torch.zeros(self._row_off[-1], D, device=g.device).index_add_(0, t.pos, g)
-        real = torch.arange(t.keys.numel(), device=g.device) < t.counts.sum()
-        return every_row.index_select(0, t.keys).masked_fill_(~real.unsqueeze(1), 0.0)
+            out = torch.zeros(M, D, device=g.device).index_add_(0, t.pos, g)
+        else:
+            every_row = torch.zeros(self._row_off[-1], D, device=g.device).index_add_(0, t.pos, g)
+            real = torch.arange(M, device=g.device) < t.counts.sum()
+            out = every_row.index_select(0, t.keys[:M]).masked_fill_(~real.unsqueeze(1), 0.0)
+        return out if scale is None else out.mul_(scale)
 
     def _sparse_sum(self, keys, rows, every: list[list[int]]) -> Callable[[], tuple[list, list[list[int]]]]:
         """Start the all_gather_v of every rank's touched rows (gradient and id bits, one float32
