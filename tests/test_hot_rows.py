@@ -273,7 +273,7 @@ def _skip_batch(rank: int, step: int) -> tuple:
     return SparseFeatures.from_features(feats), skipped
 
 
-def _skip_body(comm, hot: bool, codec: str | None):
+def _skip_body(comm, hot: bool, codec: str | None, hot_sets: dict | None = None, onto: bool = True):
     from neo_train.comm.timing import TimingCommunicator
     from neo_train.kernels import SparseOptimizerSpec
     from neo_train.sharding import ShardedEmbeddingBagCollection
@@ -283,9 +283,11 @@ def _skip_body(comm, hot: bool, codec: str | None):
     plan = ShardingPlan.uniform(SKIP_MODEL, "table_wise", comm.world_size)
     ebc = ShardedEmbeddingBagCollection(SKIP_MODEL, plan, comm, SparseOptimizerSpec("adam", lr=0.05), backend="reference",
                                         seed=3, fwd_codec=codec, bwd_codec=codec,
-                                        hot_rows={t: ids.numel() for t, ids in SKIP_HOT.items()} if hot else None)  # fmt: skip
+                                        hot_rows={t: ids.numel() for t, ids in (hot_sets or SKIP_HOT).items()} if hot else None)  # fmt: skip
     if hot:
-        ebc.set_hot_rows(SKIP_HOT)
+        ebc.set_hot_rows(hot_sets or SKIP_HOT)
+    if not onto:  # the general path: rows scattered into zeros, the replicas assembled onto them
+        ebc._scatter_onto = None
     looked_up: list[int] = []  # bags per call of the table-wise group's kernel on this rank
     for g in ebc.groups.values():
         if type(g).__name__ == "TableWiseSharding" and g.kernel is not None:
@@ -343,6 +345,27 @@ def test_bags_with_no_cold_id_skip_the_output_exchange_exactly(W: int) -> None:
         for key, value in entry.items():
             torch.testing.assert_close(on[0][1][name][key], value, rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"table {name} {key}: {m}")  # fmt: skip
+
+
+def test_every_feature_replicated_adds_the_cold_rows_onto_the_replicas_output() -> None:
+    """Every feature of the table-wise plan replicated: the received cold rows are added straight
+    onto the replicas' pooled output (``_ScatterAddRows``), which gives bit for bit what
+    scattering them into zeros and adding the replicas' output does (pooled rows, trained tables,
+    Adam state), and matches no replication."""
+    all_hot = {**SKIP_HOT, "c": torch.tensor([5, 11])}
+    off = run_ranks(_skip_body, 3, False, None)
+    fast = run_ranks(_skip_body, 3, True, None, all_hot)
+    general = run_ranks(_skip_body, 3, True, None, all_hot, False)
+    assert all(fast[r][5] == {"_ScatterAddRowsBackward"} for r in range(3)), [fast[r][5] for r in range(3)]
+    assert all(general[r][5] == {"_AssembleColumnsBackward"} for r in range(3)), [general[r][5] for r in range(3)]
+    for r in range(3):
+        for s in range(SKIP_STEPS):
+            assert torch.equal(fast[r][0][s], general[r][0][s]), (r, s)
+            torch.testing.assert_close(fast[r][0][s], off[r][0][s], rtol=1e-6, atol=1e-6)
+    for name, entry in general[0][1].items():
+        for key, value in entry.items():
+            assert torch.equal(fast[0][1][name][key], value), (name, key)
+            torch.testing.assert_close(off[0][1][name][key], value, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("codec", ["fp16", "int8"])

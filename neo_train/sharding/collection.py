@@ -147,6 +147,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for g in self.groups.values():  # table-wise: bags with no cold id skip the output exchange
             if hasattr(g, "set_hot_features"):
                 g.set_hot_features(self._hot_features)
+        # every feature of a table-wise plan replicated: the table-wise group's output and the
+        # replicas' are both laid out like the collection's, so the received cold rows are added
+        # straight onto the replicas' output (no zeros to scatter into, no assembly after)
+        groups = list(self.groups.values())
+        self._scatter_onto: tuple[int, int] | None = None
+        if len(groups) == 2 and self._assemble.whole == {0, 1} and getattr(groups[0], "sparse_output", False) \
+                and isinstance(groups[1], DataParallelSharding):
+            self._scatter_onto = (0, 1)
         self._hot_ids: dict[str, torch.Tensor] = {}  # routing: the hot set that splits new batches
         # the split's lookup (set_hot_rows): every hot table's ids keyed row_off[t] + id, sorted, with
         # each key's replica slot (the binary search's; None with the map), the key offset of each hot
@@ -231,10 +239,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 dist = self.input_dist(sparse).wait()
         if self._hot_k:
             self._sync_replicas(dist.hot_version)
-        pend = [g.compute_async(r, dist.batch_size) for g, r in zip(self.groups.values(), dist.routed)]
+        pend: list[Pending] = []
+        onto = self._scatter_onto
+        for i, (g, r) in enumerate(zip(self.groups.values(), dist.routed)):
+            if onto is not None and i == onto[0]:  # its rows go onto the replicas' output, waited then
+                pend.append(g.compute_async(r, dist.batch_size, onto=lambda: pend[onto[1]].wait()))
+            else:
+                pend.append(g.compute_async(r, dist.batch_size))
 
         def finish() -> torch.Tensor:
             # (b, sum D_f): cold part (through its plan) + hot part (the local replica)
+            if onto is not None:
+                return pend[onto[0]].wait()
             return self._assemble([p.wait() for p in pend])
 
         return LazyTensor(finish)

@@ -24,7 +24,7 @@ Column-wise sharding is the same machinery with one unit per column shard (colum
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -54,6 +54,28 @@ class _ScatterRows(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         (at,) = ctx.saved_tensors
         return grad.reshape(-1, ctx.g).index_select(0, at), None, None, None
+
+
+class _ScatterAddRows(torch.autograd.Function):
+    """rows (n, g) added in place onto ``base`` (b, C g) at chunks ``at`` of its (b C, g) view:
+    the received cold rows onto the replicas' pooled output when both are laid out like the
+    collection's output (every feature of the plan replicated), instead of scattering them into
+    zeros and adding the replicas' output to that (a zero fill and a full-width add saved). The
+    sums are the same (a + b == b + a). Backward: ``base`` gets the gradient itself, the rows
+    their chunks' gradients."""
+
+    @staticmethod
+    def forward(ctx, base, rows, at):  # type: ignore[override]
+        ctx.save_for_backward(at)
+        ctx.g = g = rows.shape[1]
+        base.view(-1, g).index_add_(0, at, rows)
+        ctx.mark_dirty(base)
+        return base
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (at,) = ctx.saved_tensors
+        return grad, grad.reshape(-1, ctx.g).index_select(0, at), None
 
 
 class TableWiseSharding(EmbeddingSharding):
@@ -176,7 +198,7 @@ class TableWiseSharding(EmbeddingSharding):
         self._sparse_index[b] = got
         return got
 
-    def _sparse_exchange(self, routed: Routed, b: int) -> Pending:
+    def _sparse_exchange(self, routed: Routed, b: int, onto: Callable[[], torch.Tensor] | None = None) -> Pending:
         """Lookup and output dist of the rows of bags with a cold id only (module docstring).
 
         The lookup runs over those bags only: a replicated feature's bags without a cold id hold
@@ -184,7 +206,8 @@ class TableWiseSharding(EmbeddingSharding):
         n_u bags; the kernel wants one bag count per table, so every unit is padded with empty
         bags to B' = max n_u (at Zipf 1.05 one-hot, about a quarter of the W b bags the full
         lookup pools, zero-fills and takes the gradient of). ``crow`` maps a routed bag to its
-        row of the compacted output."""
+        row of the compacted output. ``onto``: gives a (b, C g) tensor in group order (the
+        replicas' output) that the received rows are added onto, in place, instead of zeros."""
         W, r, g = self.ctx.world_size, self.ctx.rank, self._chunk()
         send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer = self._indices(b)
         dev = self.ctx.device
@@ -222,8 +245,11 @@ class TableWiseSharding(EmbeddingSharding):
 
         def finish() -> torch.Tensor:
             with self.ctx.phase("output_dist"):
-                # into zeros at their places in group order (no permutation after)
-                return _ScatterRows.apply(pending.wait().view(-1, g), at, b, C_tot)
+                # at their places in group order (no permutation after), into zeros or onto ``onto``
+                rows = pending.wait().view(-1, g)
+                if onto is None:
+                    return _ScatterRows.apply(rows, at, b, C_tot)
+                return _ScatterAddRows.apply(onto().contiguous(), rows, at)
 
         return Pending(finish)
 
@@ -246,10 +272,12 @@ class TableWiseSharding(EmbeddingSharding):
             return torch.zeros(0, 0, device=self.ctx.device)
         return self.kernel(routed.values, routed.offsets(), routed.weights)  # (W*b, D_me)
 
-    def compute_async(self, routed: Routed, b: int) -> Pending:
-        """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP)."""
+    def compute_async(self, routed: Routed, b: int, onto: Callable[[], torch.Tensor] | None = None) -> Pending:
+        """Lookup now; the pooled all-to-all runs while the caller computes (the bottom MLP).
+        ``onto`` (the sparse exchange only): the received rows are added onto what it gives."""
         if self.sparse_output:
-            return self._sparse_exchange(routed, b)
+            return self._sparse_exchange(routed, b, onto)
+        assert onto is None, "only the sparse output exchange adds its rows onto another output"
         pooled = self._pooled_or_empty(self.scaled_lookup(routed), self.ctx.world_size * b)
         pending = flat_exchange(self.ctx.comm, pooled, b, self.widths, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                 "output_dist", async_op=True)
