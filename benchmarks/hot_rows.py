@@ -17,12 +17,12 @@ FAIL), from the numbers in the table, next to the reason.
        off       no replication, fp32 exchange (the baseline, measured in the same processes)
        auto      dist.hot_rows = "auto": per table the k that ``choose_hot_rows`` (the cost model)
                  expects to save the most bytes, 0 where nothing pays
-       K=<K>     dist.hot_rows = K (--fixed-k, default 1024; --quick 64) rows of every table
+       K=<K>     dist.hot_rows = K (--fixed-k, default 1024; --quick 64; 0 leaves it out) rows of every table
        <codec>   no replication; dist.forward_comm_dtype = backward_comm_dtype = codec, for each
                  --codecs entry (default fp16, bf16, fp8_e4m3, int8; the list is checked against
                  neo_train.comm.CODECS, names it lacks are skipped with a note)
        off@RW    no replication on the row-wise plan (off@TW for a --sharding row_wise run): the
-                 losses' rounding control (see "Losses"), not a contender
+                 losses' rounding control (see "Losses"), not a contender (--no-control: left out)
    Model (flags change it): 8 tables of --rows 100,000 rows, D = --dim 64, sum pooling, rows
    drawn by the synthetic generator's power law; half of them (t0-t3) one-hot (pooling factor
    1: 5 % empty bags, the rest 1 + Poisson(0.05) ids), half (t4-t7) multi-hot (pooling factor
@@ -800,7 +800,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="multi-hot tables' pooling factor (1: every table one-hot, a Criteo-like DLRM)")
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch (default 512; --quick 64)")
     p.add_argument("--sharding", default="table_wise", choices=SHARDINGS)
-    p.add_argument("--fixed-k", type=int, default=None, help="the fixed-K variant's K (default 1024; --quick 64)")
+    p.add_argument("--fixed-k", type=int, default=None, help="the fixed-K variant's K (default 1024; --quick 64; 0: no such variant)")
     p.add_argument("--codecs", default=",".join(DEFAULT_CODECS), help="codec variants (comma list; '' for none)")
     p.add_argument("--window", type=int, default=None, help="hot_rows_window in steps (default 10; --quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps per variant (default window + 2)")
@@ -814,6 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sparse-lr", type=float, default=0.05, help="the tables' learning rate")
     p.add_argument("--sim-nodes", type=int, default=None, help="simulated nodes (default 128; --quick 16)")
     p.add_argument("--sim-tables", type=int, default=1000, help="Model-A tables in the simulation")
+    p.add_argument("--no-control", action="store_true",
+                   help="leave out the losses' rounding control (off on the other plan): at large batches it takes most of the run")
     p.add_argument("--no-sim", action="store_true", help="skip part 2")
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--png", default=None, help="write the chart here")
@@ -837,17 +839,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = [c for c in args.codecs.split(",") if c]
     codecs = [c for c in wanted if c in CODECS and c != "fp32"]
     skipped = [c for c in wanted if c not in codecs]
-    if not 1 <= args.fixed_k < args.rows:
-        raise SystemExit(f"--fixed-k {args.fixed_k} must be in [1, --rows {args.rows})")
+    if not 0 <= args.fixed_k < args.rows:
+        raise SystemExit(f"--fixed-k {args.fixed_k} must be in [0, --rows {args.rows}) (0: no fixed-K variant)")
     if args.warmup < args.window:
         raise SystemExit(f"--warmup {args.warmup} must be >= --window {args.window} (the first hot-set switch)")
     if min(args.world_sizes) < 2:
         raise SystemExit("--world-sizes: hot-row replication needs W >= 2")
 
     control = "row_wise" if args.sharding != "row_wise" else "table_wise"
-    variants = [Variant("off"), Variant("auto", "auto"), Variant(f"K={args.fixed_k}", str(args.fixed_k))]
+    variants = [Variant("off"), Variant("auto", "auto")]
+    variants += [Variant(f"K={args.fixed_k}", str(args.fixed_k))] if args.fixed_k else []
     variants += [Variant(c, "off", c) for c in codecs]
-    variants.append(Variant(f"off@{'RW' if control == 'row_wise' else 'TW'}", sharding=control))
+    if not args.no_control:
+        variants.append(Variant(f"off@{'RW' if control == 'row_wise' else 'TW'}", sharding=control))
     info = machine_info()
     base = make_config(args.rows, args.dim, args.tables, args.pooling, args.batch_size, args.zipf[0], args.window,
                        args.backend, args.seed, args.dense_optimizer, args.dense_lr, args.sparse_optimizer,
