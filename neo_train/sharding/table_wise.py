@@ -1,7 +1,7 @@
 """Table-wise sharding: each table whole on one rank.
 
-    input dist   every rank sends each feature's ids (all b bags) to the table's rank:
-                 split sizes, then lengths, values (and weights) in one all-to-all each
+    input dist   every rank sends each feature's ids (all b bags) to the table's rank, in
+                 the collection's one id exchange (lengths, values, weights: common.IdExchange)
     lookup       one fused-kernel call over the rank's tables for the global batch (W*b bags)
     output dist  all-to-all of pooled vectors: rows of source i go back to rank i
     backward     the mirror all-to-all brings each source's gradient to the owner; the fused
@@ -13,11 +13,13 @@ the owner, so its row skips the output exchange, forward and backward. Both side
 bags are skipped without any message: the owner from the cold lengths it received in the input
 dist, the receiving rank from its own split of the batch before it. The exchange then carries
 one row of D_u values per (unit, bag) sent, owner-side order [source][unit][bag] (a feature
-without replication sends every bag), and the owner's lookup pools only the bags it sends (each
-unit's padded to the most any unit sends: the kernel wants one bag count per table), as chunks of g = gcd of the group's unit widths (one row
+without replication sends every bag), as chunks of g = gcd of the group's unit widths (one row
 per chunk for the codecs; g = D when every table has the same dim); the receiver scatters them
-into zeros (the backward gathers the gradient rows of the sent bags, the owner scatters them into
-zeros). The split sizes change per step: one device-to-host copy of both sides' counts per step.
+into zeros, or adds them onto the replicas' pooled output when every feature is replicated (the
+backward gathers the gradient rows of the sent bags, the owner scatters them into zeros). The
+owner's lookup pools only the bags it sends, each unit's padded with empty bags to the most any
+unit sends (the kernel wants one bag count per table). The split sizes and those bag counts
+change per step: one device-to-host copy of them per step.
 
 Column-wise sharding is the same machinery with one unit per column shard (column_wise.py).
 """
@@ -246,10 +248,10 @@ class TableWiseSharding(EmbeddingSharding):
         def finish() -> torch.Tensor:
             with self.ctx.phase("output_dist"):
                 # at their places in group order (no permutation after), into zeros or onto ``onto``
-                rows = pending.wait().view(-1, g)
+                got = pending.wait().view(-1, g)
                 if onto is None:
-                    return _ScatterRows.apply(rows, at, b, C_tot)
-                return _ScatterAddRows.apply(onto().contiguous(), rows, at)
+                    return _ScatterRows.apply(got, at, b, C_tot)
+                return _ScatterAddRows.apply(onto().contiguous(), got, at)
 
         return Pending(finish)
 
