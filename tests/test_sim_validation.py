@@ -57,13 +57,13 @@ def _hand_trace(path: Path) -> Path:
     S = 250_000
     r0 = [_entry("all_to_allv", 0, 0, None, 1 * MS),
           _entry("all_to_allv", 0, 1, 1 * MS, MS // 10, step=0, lead=MS // 2, async_op=True,
-                 wait=("wait", 2, 2 * MS, 9 * MS // 10), duration=3 * MS),
+                 wait=("wait", 2, 2 * MS, MS), duration=31 * MS // 10),
           _entry("all_reduce", 1, 3, 1 * MS, 0, step=0, size=S, async_op=True, wait=("backward", 4, MS // 2, 45 * MS // 10),
                  duration=5 * MS),
           _entry("all_to_allv", 0, 5, 1 * MS, 1 * MS, step=None, lead=0)]
     r1 = [_entry("all_to_allv", 0, 0, None, 1 * MS),
           _entry("all_to_allv", 0, 1, 3 * MS, MS // 10, step=0, lead=1 * MS, async_op=True,
-                 wait=("wait", 2, MS // 2, 4 * MS // 10)),
+                 wait=("wait", 2, MS // 2, MS // 2)),
           _entry("all_reduce", 1, 3, 2 * MS, 0, step=0, size=S, async_op=True, wait=("backward", 4, MS // 2, 35 * MS // 10)),
           _entry("all_to_allv", 0, 5, 1 * MS, 1 * MS, step=None, lead=0)]
     path.mkdir(parents=True, exist_ok=True)
@@ -86,29 +86,30 @@ def test_per_rank_chains_join_at_collectives(tmp_path):
     assert at(0, 0) == pytest.approx((0.0, 1.0)) and at(1, 0) == pytest.approx((0.0, 1.0))
     # async launch: rank 0 issues at 2 ms, rank 1 at 4 ms; the launch (0.1 ms) is the rank's work
     assert at(0, 1) == pytest.approx((2.0, 2.1)) and at(1, 1) == pytest.approx((4.0, 4.1))
-    # it starts with the last arrival (4 ms) and ends alpha later; both waits end there
-    assert at(0, 2) == pytest.approx((4.1, 5.0)) and at(1, 2) == pytest.approx((4.6, 5.0))
-    # the all-reduce: last arrival 7 ms, alpha 2 ms, 2 (g-1) S = 2 MB at 1 GB/s = 2 ms -> 11 ms
-    assert at(0, 3) == pytest.approx((6.0, 6.0)) and at(1, 3) == pytest.approx((7.0, 7.0))
-    assert at(0, 4) == pytest.approx((6.5, 11.0)) and at(1, 4) == pytest.approx((7.5, 11.0))
-    assert at(0, 5) == pytest.approx((12.0, 13.0)) and at(1, 5) == pytest.approx((12.0, 13.0))
+    # it starts once the last launch returned (4.1 ms: nothing is sent before) and ends alpha
+    # later; both waits end there
+    assert at(0, 2) == pytest.approx((4.1, 5.1)) and at(1, 2) == pytest.approx((4.6, 5.1))
+    # the all-reduce: last launch 7.1 ms, alpha 2 ms, 2 (g-1) S = 2 MB at 1 GB/s = 2 ms -> 11.1 ms
+    assert at(0, 3) == pytest.approx((6.1, 6.1)) and at(1, 3) == pytest.approx((7.1, 7.1))
+    assert at(0, 4) == pytest.approx((6.6, 11.1)) and at(1, 4) == pytest.approx((7.6, 11.1))
+    assert at(0, 5) == pytest.approx((12.1, 13.1)) and at(1, 5) == pytest.approx((12.1, 13.1))
     # step 0 began 0.5 ms (rank 0) / 1 ms (rank 1) before the async call; the loop's end closes it
     bounds = {r: [(s, end[n]) for s, n, _ in b] for r, b in tl.boundaries.items()}
-    assert bounds[0] == [(0, pytest.approx(1.5)), (None, pytest.approx(12.0))]
-    assert bounds[1] == [(0, pytest.approx(3.0)), (None, pytest.approx(12.0))]
+    assert bounds[0] == [(0, pytest.approx(1.5)), (None, pytest.approx(12.1))]
+    assert bounds[1] == [(0, pytest.approx(3.0)), (None, pytest.approx(12.1))]
 
     val = validate_timeline(tl, res, warmup_steps=0)
     (step,) = val.steps
-    # measured: rank 0's recorded blocks equal the simulated ones (10.5 ms); rank 1 blocked
-    # 0.4 ms in its wait (simulated 0.4) and 3.5 ms at the backward's end (simulated 3.5): 9 ms
-    assert step["measured_s"] * 1e3 == pytest.approx((10.5 + 9.0) / 2)
-    assert step["predicted_s"] * 1e3 == pytest.approx((10.5 + 9.0) / 2)
+    # measured: rank 0's recorded blocks equal the simulated ones (10.6 ms); rank 1 blocked
+    # 0.5 ms in its wait (simulated 0.5) and 3.5 ms at the backward's end (simulated 3.5): 9.1 ms
+    assert step["measured_s"] * 1e3 == pytest.approx((10.6 + 9.1) / 2)
+    assert step["predicted_s"] * 1e3 == pytest.approx((10.6 + 9.1) / 2)
     rows = {(r["comms"], r["mode"]): r for r in val.collectives}
     a2a = rows[("all_to_allv", "async")]
-    assert a2a["n"] == 2 and a2a["predicted_s"] * 1e3 == pytest.approx((3.0 + 1.0) / 2)  # wait end - call start
+    assert a2a["n"] == 2 and a2a["predicted_s"] * 1e3 == pytest.approx((3.1 + 1.1) / 2)  # wait end - call start
     ar = rows[("all_reduce", "async")]
     assert ar["predicted_s"] * 1e3 == pytest.approx((5.0 + 4.0) / 2)  # joined by the backward: its completion
-    assert ar["predicted_net_s"] * 1e3 == pytest.approx(4.0)  # last call (7 ms) to its end (11 ms)
+    assert ar["predicted_net_s"] * 1e3 == pytest.approx(4.0)  # last launch returned (7.1 ms) to its end (11.1 ms)
 
 
 def test_a_late_rank_delays_a_blocking_collective(tmp_path):
@@ -367,8 +368,8 @@ def test_a_call_costs_its_ranks_mean_return_after_the_last_call():
 
 
 def test_an_async_collective_lasts_what_makes_the_waits_return_when_they_did():
-    """D: the collective ends D after the last launch; a wait returns at the later of its start and
-    that end. Waits that began after the end say only that D was shorter."""
+    """D: the collective ends D after the last launch returned; a wait returns at the later of its
+    start and that end. Waits that began after the end say only that D was shorter."""
     launch = np.array([[0, 10], [1, 11]]) * MS
     D = 3 * MS
     wait = np.array([[2, 20], [3, 12]]) * MS  # rank 0's second wait starts after the end (14 ms)
@@ -386,9 +387,9 @@ def test_async_collectives_use_the_calibration_for_launched_collectives(tmp_path
     res = simulate(tl.phases, cal.network())
     end = {p.name: p.end * 1e3 for p in res.phases}
     assert end[tl.nodes[(0, 0)][1]] == pytest.approx(1.0)  # blocking: alpha 1 ms
-    assert end[tl.nodes[(0, 2)][1]] == pytest.approx(6.0)  # last launch at 4 ms + 2 ms
-    # the all-reduce: rank 1 launches last, at 8 ms (2 ms after its wait); + 3 ms + 2 MB at 1 GB/s
-    assert end[tl.nodes[(0, 4)][1]] == pytest.approx(13.0)
+    assert end[tl.nodes[(0, 2)][1]] == pytest.approx(6.1)  # the last launch returned at 4.1 ms, + 2 ms
+    # the all-reduce: rank 1 launches last, at 8.1 ms (2 ms after its wait); + 3 ms + 2 MB at 1 GB/s
+    assert end[tl.nodes[(0, 4)][1]] == pytest.approx(13.1)
     back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert back.async_kinds == cal.async_kinds and back.latency("all_reduce", 2, async_op=True) == 3e-3
     assert back.latency("all_gather", 2, async_op=True) == back.latency("all_gather", 2)  # no async fit: blocking

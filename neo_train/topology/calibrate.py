@@ -48,7 +48,7 @@ asynchronously, the ranks computing on while it progresses, then waited for: on 
 the ranks' compute holds, the transport's threads wait for a core, which a collective the ranks
 wait in does not see. Its cost is fitted separately (``Calibration.async_kinds``): the duration D
 for which the simulator's rule for an asynchronous collective (it ends D after the last rank's
-launch; a rank's wait returns at the later of its start and that end) gives the measured mean
+launch returned; a rank's wait returns at the later of its start and that end) gives the measured mean
 return. Only the ``Communicator`` interface is used, so the same code calibrates gloo on CPUs and
 NCCL on GPUs (where ``device`` is "cuda": the result is read after the collective, which
 synchronises the stream).
@@ -527,7 +527,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     rng = random.Random(seed * 1000 + rank)
     work = torch.randn(96, 96, device=device)
     # per cell and iteration, wall-clock ns: a blocking call and its return; with busy_s an
-    # asynchronous launch, the start of its wait and the wait's return
+    # asynchronous launch's return, the start of its wait and the wait's return
     t = np.full((5, len(cells), warmup + iters), np.nan)
     for it in range(warmup + iters):
         for c, cell in enumerate(cells):
@@ -543,8 +543,8 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             if busy_s > 0:
                 _busy(work, busy_s * rng.uniform(0.5, 1.5))
                 if op is not None:
-                    t[2, c, it] = time.time_ns()
                     handle = op(True)
+                    t[2, c, it] = time.time_ns()  # launched: the simulator starts it once the last rank is here
                     _busy(work, overlap_of[cell[0]] * rng.uniform(0.0, 2.0))
                     t[3, c, it] = time.time_ns()
                     _synchronised(handle.wait())
@@ -581,7 +581,7 @@ def _call_seconds(call_ns: np.ndarray, ret_ns: np.ndarray) -> np.ndarray:
 
 def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> float:
     """The duration D of an asynchronous collective under the simulator's rule (it ends D after the
-    last rank's launch; a rank's wait returns at the later of its start and that end) that gives
+    last rank's launch returned; a rank's wait returns at the later of its start and that end) that gives
     the measured mean return over ranks and iterations. Arrays (ranks, iterations) of wall-clock ns.
     A wait that began after the collective ended constrains D only from above; the mean return is
     reached by the other waits (D is 0 when every wait returned at once)."""

@@ -31,9 +31,11 @@ Per-rank chains (``timeline_phases``), for traces that carry their ranks' own ti
 (``neo_train.comm.trace`` records them: ``order``, ``compute_ns``, ``call_ns``, ``wait_*``, ``step``):
 each rank is a chain of its recorded compute, cut by the intervals in which it blocked: a blocking
 call waits for its collective's end, an asynchronous call only launches it and a later wait joins
-it. A collective starts when the last rank of its group has issued it (after the fixed latency the
-collective factory adds, e.g. a calibration's alpha), so a late rank delays the others exactly as
-in the run. ``rank_timelines`` reads the blocks; a trace without the fields is an error naming the
+it. A collective starts when the last rank of its group has issued it (a blocking call) or
+finished launching it (an asynchronous one: the launch prepares what is sent, so nothing moves
+before it returns, and a launch that the host slowed delays the peers), after the fixed latency
+the collective factory adds (e.g. a calibration's alpha), so a late rank delays the others
+exactly as in the run. ``rank_timelines`` reads the blocks; a trace without the fields is an error naming the
 file, rank, entry and field.
 """
 from __future__ import annotations
@@ -602,10 +604,12 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory) -> T
             end = f"r{rank}:b{b.order}"
             if b.kind == "call" and b.colls[0] in local:
                 phases.append(Compute(end, b.blocked, (c,)))  # nothing crossed a network: the rank's work
-            elif b.kind == "call":
+            elif b.kind == "call" and b.sync:  # a blocking call ends with its collective
                 arrivals[b.colls[0]].append(c)
-                # a blocking call ends with its collective; an async one only launched it (compute)
-                phases.append(Compute(end, 0.0, (c,) + joins) if b.sync else Compute(end, b.blocked, (c,)))
+                phases.append(Compute(end, 0.0, (c,) + joins))
+            elif b.kind == "call":  # an async one launches it: the collective starts once launched
+                phases.append(Compute(end, b.blocked, (c,)))
+                arrivals[b.colls[0]].append(end)
             elif joins:
                 phases.append(Compute(end, 0.0, (c,) + joins))
             else:

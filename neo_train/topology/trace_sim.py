@@ -289,7 +289,7 @@ def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = WARMUP_S
             row["predicted_s"].append(took)
             row["mb"].append(blocked_m)
             row["pb"].append(blocked_p)
-        net = _net_times(key, by_rank, call_of, start_pred, end[tl.comm_end[key]], steady)
+        net = _net_times(key, by_rank, call_of, start_pred, end_pred, end[tl.comm_end[key]], steady)
         if net is not None:
             e0 = by_rank[min(by_rank)]
             mode = "async" if e0.get("async") else "sync"
@@ -309,9 +309,10 @@ def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = WARMUP_S
     return TraceValidation(steps, colls, warmup_steps)
 
 
-def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_pred: Mapping, comm_end: float,
-               steady: set) -> tuple[float, float] | None:
-    """(measured, predicted) seconds from the last rank's call to the collective's end: in the
+def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_pred: Mapping, end_pred: Mapping,
+               comm_end: float, steady: set) -> tuple[float, float] | None:
+    """(measured, predicted) seconds from the last rank's call (an asynchronous collective: the
+    last rank's launch returning, where the simulator starts it) to the collective's end: in the
     run, the mean over its ranks of their return (a blocking call) or completion (joined by a
     backward), on the wall clock (``startTime_ns``: one host); in the simulation, its Comm's end.
     The part of 'took' that is the collective itself rather than waiting for late ranks: it tells
@@ -324,9 +325,9 @@ def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_
             return None
         if not c.sync and e.get("joined_by") != "backward":
             return None
-        starts.append(e["startTime_ns"])
+        starts.append(e["startTime_ns"] + (0 if c.sync else e["call_ns"]))
         dones.append(e["startTime_ns"] + (e["call_ns"] if c.sync else e["duration_ns"]))
-        arrive.append(start_pred[(rank, c.order)])
+        arrive.append((start_pred if c.sync else end_pred)[(rank, c.order)])
     if len(starts) < 2:
         return None
     return (statistics.fmean(dones) - max(starts)) / 1e9, comm_end - max(arrive)
