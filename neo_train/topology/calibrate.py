@@ -48,10 +48,10 @@ asynchronously, the ranks computing on while it progresses, then waited for: on 
 the ranks' compute holds, the transport's threads wait for a core, which a collective the ranks
 wait in does not see. Its cost is fitted separately (``Calibration.async_kinds``): the duration D
 for which the simulator's rule for an asynchronous collective (it ends D after the last rank's
-launch returned; a rank's wait returns at the later of its start and that end) gives the measured mean
-return. Only the ``Communicator`` interface is used, so the same code calibrates gloo on CPUs and
-NCCL on GPUs (where ``device`` is "cuda": the result is read after the collective, which
-synchronises the stream).
+launch returned; a rank's wait returns at the later of its start and that end) gives the
+measured mean return. Only the ``Communicator`` interface is used, so the same code calibrates
+gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is read after the
+collective, which synchronises the stream).
 """
 from __future__ import annotations
 
@@ -581,8 +581,8 @@ def _call_seconds(call_ns: np.ndarray, ret_ns: np.ndarray) -> np.ndarray:
 
 def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> float:
     """The duration D of an asynchronous collective under the simulator's rule (it ends D after the
-    last rank's launch returned; a rank's wait returns at the later of its start and that end) that gives
-    the measured mean return over ranks and iterations. Arrays (ranks, iterations) of wall-clock ns.
+    last rank's launch returned; a rank's wait returns at the later of its start and that end)
+    that gives the measured mean return over ranks and iterations. Arrays (ranks, iterations) of wall-clock ns.
     A wait that began after the collective ended constrains D only from above; the mean return is
     reached by the other waits (D is 0 when every wait returned at once)."""
     last = launch_ns.max(axis=0)

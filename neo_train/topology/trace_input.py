@@ -35,8 +35,8 @@ it. A collective starts when the last rank of its group has issued it (a blockin
 finished launching it (an asynchronous one: the launch prepares what is sent, so nothing moves
 before it returns, and a launch that the host slowed delays the peers), after the fixed latency
 the collective factory adds (e.g. a calibration's alpha), so a late rank delays the others
-exactly as in the run. ``rank_timelines`` reads the blocks; a trace without the fields is an error naming the
-file, rank, entry and field.
+exactly as in the run. ``rank_timelines`` reads the blocks; a trace without the fields is an
+error naming the file, rank, entry and field.
 """
 from __future__ import annotations
 
