@@ -32,7 +32,7 @@ For each world size W (gloo ranks on this host, one torch thread each):
                processes waits for a core after every hand-off. Each cell is also launched
                asynchronously, the ranks computing Y x U(0, 2) before they wait, Y = the median
                over the runs of their mean compute between an asynchronous collective's launch
-               and its wait, per collective kind (``trace_input.trace_overlaps``), as training
+               and its wait, per collective kind (``trace_input.trace_duties``), as training
                overlaps its ids' all-to-all with a forward and DDP's buckets with the rest of a
                backward: fitted apart, for the traces' asynchronous collectives (until
                2026-11-23 Y was X / 2 whatever the runs overlapped; then one Y for every kind)

@@ -336,7 +336,7 @@ def test_measure_collectives_on_gloo_ranks(busy_s):
 
 
 def test_measure_collectives_overlaps_each_kind_as_given():
-    """``overlap_s`` per kind (``trace_overlaps``): each kind's asynchronous cells compute that long
+    """``overlap_s`` per kind (``trace_duties``): each kind's asynchronous cells compute that long
     on average while in flight; kinds left out take the mean of those given."""
     from neo_train.testing import run_ranks
     from neo_train.topology.calibrate import parse_overlaps
@@ -554,14 +554,11 @@ def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):
     """The hand trace's step 0: compute before each blocking interval (rank 0: 1, 2, 1, 0.5 ms;
     rank 1: 3, 0.5, 2, 0.5) and between each async launch and its wait (rank 0: 2 and 0.5 ms,
     rank 1: 0.5 and 0.5); the blocks outside a step count for neither."""
-    from neo_train.topology.trace_input import trace_duties, trace_duty, trace_overlaps
+    from neo_train.topology.trace_input import trace_duties
 
-    gap, overlap = trace_duty(load_trace(_hand_trace(tmp_path / "tr")))
+    gap, overlap, by_kind = trace_duties(load_trace(_hand_trace(tmp_path / "tr")))
     assert gap * 1e3 == pytest.approx(10.5 / 8) and overlap * 1e3 == pytest.approx(3.5 / 4)
-    assert trace_duty(load_trace(tmp_path / "tr"), warmup_steps=1) == (0.0, 0.0)
+    assert trace_duties(load_trace(tmp_path / "tr"), warmup_steps=1) == (0.0, 0.0, {})
     # per kind: the all-to-all (2 and 0.5 ms), the all-reduce joined at the backward's end (0.5, 0.5)
-    by_kind = trace_overlaps(load_trace(tmp_path / "tr"))
     assert by_kind.keys() == {"all_to_allv", "all_reduce"}
     assert by_kind["all_to_allv"] * 1e3 == pytest.approx(1.25) and by_kind["all_reduce"] * 1e3 == pytest.approx(0.5)
-    assert trace_overlaps(load_trace(tmp_path / "tr"), warmup_steps=1) == {}
-    assert trace_duties(load_trace(tmp_path / "tr")) == (gap, overlap, by_kind)  # both from one pass

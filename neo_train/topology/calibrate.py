@@ -478,7 +478,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     Each cell is then also launched asynchronously, the ranks computing for ``overlap_s`` x
     U(0, 2) before they wait (``async`` samples, seconds from ``_async_seconds``): the mean compute
     a run does while its asynchronous collectives are in flight (default ``busy_s`` / 2), or per
-    kind (a mapping, ``trace_input.trace_overlaps``: DDP's buckets overlap a backward, the ids a
+    kind (a mapping, ``trace_input.trace_duties``: DDP's buckets overlap a backward, the ids a
     forward; kinds it lacks take the mean of its values). Times are on the wall clock (one host,
     or synchronised clocks)."""
     import random

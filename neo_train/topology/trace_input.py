@@ -53,7 +53,7 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives", "trace_duty", "trace_overlaps", "trace_duties"]
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duties"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -494,25 +494,14 @@ def _lead(ns: Any) -> float | None:
     return None if ns is None else float(ns) / 1e9
 
 
-def trace_duty(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[float, float]:
-    """(gap, overlap) in seconds over the steps from ``warmup_steps`` on, every rank: the mean
-    compute between two blocking intervals (the busy calibration's compute bursts, ``--busy-ms``),
-    and the mean compute between an asynchronous collective's launch and its wait (what the
-    ranks compute while it is in flight, ``--overlap-ms``); 0.0 where the trace has none."""
-    return trace_duties(traces, warmup_steps)[:2]
-
-
-def trace_overlaps(traces: Mapping[int, list], warmup_steps: int = 0) -> dict[str, float]:
-    """{collective kind: the mean compute while one of that kind, launched asynchronously, is in
-    flight} in seconds over the steps from ``warmup_steps`` on (``trace_duty``'s overlap, per
-    kind): DDP's gradient buckets (all_reduce) stay in flight under the rest of the backward,
-    the next batch's ids (all_to_allv) under a forward."""
-    return trace_duties(traces, warmup_steps)[2]
-
-
 def trace_duties(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[float, float, dict[str, float]]:
-    """``trace_duty``'s (gap, overlap) and ``trace_overlaps``' per-kind overlaps from one pass
-    over the ranks' timelines, for a caller that needs both."""
+    """(gap, overlap, overlap per kind) in seconds over the steps from ``warmup_steps`` on, every
+    rank, from one pass over the ranks' timelines: the mean compute between two blocking
+    intervals (the busy calibration's compute bursts, ``--busy-ms``); the mean compute between an
+    asynchronous collective's launch and its wait (what the ranks compute while it is in flight,
+    ``--overlap-ms``); and that overlap per collective kind (DDP's gradient buckets, all_reduce,
+    stay in flight under the rest of the backward, the next batch's ids, all_to_allv, under a
+    forward). 0.0 (an empty mapping) where the trace has none."""
     gaps, overlaps = _duty(traces, warmup_steps)
     every = [x for xs in overlaps.values() for x in xs]
     return _mean(gaps), _mean(every), {k: _mean(xs) for k, xs in sorted(overlaps.items())}
