@@ -38,33 +38,15 @@ from .common import (EmbeddingSharding, GroupFeature, ColumnPermutation, Routed,
 __all__ = ["TableWiseSharding"]
 
 
-class _ScatterRows(torch.autograd.Function):
-    """rows (n, g) into zeros (b, C g) at chunks ``at`` of its (b C, g) view. The result is a
-    fresh tensor, not a view of one (``zeros(b C, g).index_copy_(...).view(b, C g)`` is), so an
-    in-place add onto it (``ColumnAssembly``) does not make autograd copy the whole gradient back
-    and forth (``CopySlices``). The backward only gathers the sent rows' gradients."""
-
-    @staticmethod
-    def forward(ctx, rows, at, b, C):  # type: ignore[override]
-        ctx.save_for_backward(at)
-        ctx.g = g = rows.shape[1]
-        out = rows.new_zeros(b, C * g)
-        out.view(b * C, g).index_copy_(0, at, rows)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        (at,) = ctx.saved_tensors
-        return grad.reshape(-1, ctx.g).index_select(0, at), None, None, None
-
-
 class _ScatterAddRows(torch.autograd.Function):
-    """rows (n, g) added in place onto ``base`` (b, C g) at chunks ``at`` of its (b C, g) view:
-    the received cold rows onto the replicas' pooled output when both are laid out like the
-    collection's output (every feature of the plan replicated), instead of scattering them into
-    zeros and adding the replicas' output to that (a zero fill and a full-width add saved). The
-    sums are the same (a + b == b + a). Backward: ``base`` gets the gradient itself, the rows
-    their chunks' gradients."""
+    """rows (n, g) added in place onto ``base`` (b, C g) at chunks ``at`` of its (b C, g) view,
+    which is returned: a fresh zero tensor (the received cold rows at their places), or the
+    replicas' pooled output when both are laid out like the collection's output (every feature
+    of the plan replicated: a zero fill and a full-width add saved; the sums are the same, a + b
+    == b + a). ``base`` must not be a view of another tensor (``zeros(b C, g)...view(b, C g)``
+    would be): an in-place add onto the result (``ColumnAssembly``) would then make autograd copy
+    the whole gradient back and forth (``CopySlices``). Backward: ``base`` gets the gradient
+    itself, the rows their chunks' gradients."""
 
     @staticmethod
     def forward(ctx, base, rows, at):  # type: ignore[override]
@@ -77,7 +59,7 @@ class _ScatterAddRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         (at,) = ctx.saved_tensors
-        return grad, grad.reshape(-1, ctx.g).index_select(0, at), None
+        return grad if ctx.needs_input_grad[0] else None, grad.reshape(-1, ctx.g).index_select(0, at), None
 
 
 class TableWiseSharding(EmbeddingSharding):
@@ -249,9 +231,8 @@ class TableWiseSharding(EmbeddingSharding):
             with self.ctx.phase("output_dist"):
                 # at their places in group order (no permutation after), into zeros or onto ``onto``
                 got = pending.wait().view(-1, g)
-                if onto is None:
-                    return _ScatterRows.apply(got, at, b, C_tot)
-                return _ScatterAddRows.apply(onto().contiguous(), got, at)
+                base = got.new_zeros(b, C_tot * g) if onto is None else onto().contiguous()
+                return _ScatterAddRows.apply(base, got, at)
 
         return Pending(finish)
 
