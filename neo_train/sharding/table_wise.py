@@ -141,8 +141,8 @@ class TableWiseSharding(EmbeddingSharding):
 
     def _indices(self, b: int) -> tuple[torch.Tensor, ...]:
         """Static per local batch size b (g = the chunk width):
-            send_at    (P,) chunk of the pooled (W*b, D_me) output, for each send position in
-                       [source][unit][bag][chunk] order
+            send_col   (P,) chunk of its row of the owner's pooled output (the row: the bag's,
+                       ``crow``), for each send position in [source][unit][bag][chunk] order
             send_mask  (P,) index of the position's (unit, source, bag) in the routed lengths
             send_peer  (P,) the position's destination (source rank)
             recv_at    (Q,) chunk of the (b, sum widths) output in group feature order, for
@@ -155,15 +155,14 @@ class TableWiseSharding(EmbeddingSharding):
         W, r, g = self.ctx.world_size, self.ctx.rank, self._chunk()
         dev = self.ctx.device
         mine = self.units_by_rank[r]
-        U, C_me = len(mine), self.widths[r] // g
         ar_b = torch.arange(b, dtype=torch.int64)
-        send_at, send_mask, send_peer = [], [], []
+        send_col, send_mask, send_peer = [], [], []
         for s in range(W):
             off = 0
             for ui, u in enumerate(mine):
                 n = u.shard.cols // g
                 c = torch.arange(n, dtype=torch.int64)
-                send_at.append(((s * b + ar_b)[:, None] * C_me + off // g + c[None, :]).reshape(-1))
+                send_col.append((off // g + c).repeat(b))
                 send_mask.append(((ui * W + s) * b + ar_b).repeat_interleave(n))
                 send_peer.append(torch.full((b * n,), s, dtype=torch.int64))
                 off += u.shard.cols
@@ -178,7 +177,7 @@ class TableWiseSharding(EmbeddingSharding):
                 recv_mask.append((u.feature * b + ar_b).repeat_interleave(n))
                 recv_peer.append(torch.full((b * n,), j, dtype=torch.int64))
         cat = lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)).to(dev)  # noqa: E731
-        got = tuple(cat(x) for x in (send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer))
+        got = tuple(cat(x) for x in (send_col, send_mask, send_peer, recv_at, recv_mask, recv_peer))
         self._sparse_index[b] = got
         return got
 
@@ -193,7 +192,7 @@ class TableWiseSharding(EmbeddingSharding):
         row of the compacted output. ``onto``: gives a (b, C g) tensor in group order (the
         replicas' output) that the received rows are added onto, in place, instead of zeros."""
         W, r, g = self.ctx.world_size, self.ctx.rank, self._chunk()
-        send_at, send_mask, send_peer, recv_at, recv_mask, recv_peer = self._indices(b)
+        send_col, send_mask, send_peer, recv_at, recv_mask, recv_peer = self._indices(b)
         dev = self.ctx.device
         # the owner's mask, (U, W b) in routed order: a replicated feature's bags with a cold id
         U = len(self.units_by_rank[r])
@@ -220,7 +219,7 @@ class TableWiseSharding(EmbeddingSharding):
         # the 1/W scales the gradients of the rows sent only (the rest are zeros)
         sent = positions_where(sm, sum(n[:W]))
         C_me = self.widths[r] // g
-        at_send = crow.view(-1).index_select(0, send_mask.index_select(0, sent)) * C_me + send_at.index_select(0, sent) % C_me
+        at_send = crow.view(-1).index_select(0, send_mask.index_select(0, sent)) * C_me + send_col.index_select(0, sent)
         send = self.scale_grad(pooled.reshape(-1, g).index_select(0, at_send).reshape(-1))
         pending = all_to_all_v_async(self.ctx.comm, send, ins, outs, self.ctx.fwd_codec, self.ctx.bwd_codec,
                                      "output_dist", ([g] * W, [g] * W))  # fmt: skip
