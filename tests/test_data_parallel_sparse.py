@@ -229,6 +229,53 @@ def _dense_vs_sorted_body(comm, dims):
     return checked
 
 
+@pytest.mark.parametrize("dims", [(4, 6, 2), (4, 4, 4)], ids=["mixed_dims", "uniform"])
+def test_gathered_rows_are_summed_in_rank_order_into_the_first_bag_of_their_key(dims) -> None:
+    """The sparse exchange's sum (``_sum_gathered``) of three ranks' rows: table t's gathered keys
+    ascending as one-id bags of its first feature, each key's sum (rank 0 + rank 1, then + rank
+    2) in the bag of its first occurrence, zeros in its repeats' bags and past a table's keys."""
+    assert run_ranks(_gathered_body, 1, dims)[0]
+
+
+def _gathered_body(comm, dims):
+    from neo_train.kernels import SparseOptimizerSpec
+    from neo_train.sharding import ShardedEmbeddingBagCollection
+
+    model = _model(dims)
+    plan = ShardingPlan.uniform(model, "data_parallel", 1)
+    ebc = ShardedEmbeddingBagCollection(model, plan, comm, SparseOptimizerSpec("sgd", lr=0.1), backend="reference", seed=3)
+    group = ebc.groups["data_parallel"]
+    off, D = group._row_off, group._dmax  # tables a, b, m; b's features b1 (its first) and b2
+    sent = [{"a": [7, 3], "b": [5]}, {"a": [7], "b": [9, 5]}, {"a": [3], "m": [1]}]  # per rank: table -> rows
+    gen = torch.Generator().manual_seed(7)
+    flat, n, every, grads = [], [], [], {}
+    for j, by_table in enumerate(sent):
+        rows, keys = [], []
+        for ti, t in enumerate("abm"):
+            for r in by_table.get(t, []):
+                g = torch.zeros(D)
+                g[: group._dims[ti]] = torch.randn(group._dims[ti], generator=gen) * 10**j
+                grads.setdefault((t, r), []).append(g)
+                rows.append(g)
+                keys.append(off[ti] + r)
+        flat += [torch.cat(rows), torch.tensor(keys, dtype=torch.int32).view(torch.float32)]  # rank j's part
+        n.append(len(keys))
+        every.append([len(by_table.get(t, [])) for t in "abm"])
+    values, m, g_out = group._sum_gathered(torch.cat(flat), n, every)
+    assert m == [4, 3, 1] and values.tolist() == [3, 3, 7, 7, 5, 5, 9, 1]
+    want = torch.zeros_like(g_out)
+    col = {"a": 0, "b": group._col[1], "m": group._col[3]}
+    for ti, (t, bags) in enumerate([("a", [3, None, 7, None]), ("b", [5, None, 9]), ("m", [1])]):
+        for i, r in enumerate(bags):
+            if r is not None:
+                total = grads[(t, r)][0]
+                for g in grads[(t, r)][1:]:
+                    total = total + g  # rank order
+                want[i, col[t] : col[t] + group._dims[ti]] = total[: group._dims[ti]]
+    assert g_out.shape == (4, sum(group.dims)) and torch.equal(g_out, want)
+    return True
+
+
 class _Logged:
     """The communicator, logging each dp_grad_* call (tag, async?) and each wait on its handle."""
 

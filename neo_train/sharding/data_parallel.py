@@ -215,7 +215,10 @@ class DataParallelSharding(EmbeddingSharding):
             summed, every_ = finish()
             self.last_grad_sync = how
             self._dense_next = not self._sparse_cheaper(every_)
-            self._replay(summed)
+            if how == "sparse":
+                self._replay(*summed)
+            else:
+                self._replay_rows(summed)
 
         _after_backward(done)
 
@@ -287,36 +290,57 @@ class DataParallelSharding(EmbeddingSharding):
             out = every_row.index_select(0, t.keys[:M]).masked_fill_(~real.unsqueeze(1), 0.0)
         return out if scale is None else out.mul_(scale)
 
-    def _sparse_sum(self, keys, rows, every: list[list[int]]) -> Callable[[], tuple[list, list[list[int]]]]:
+    def _sparse_sum(self, keys, rows, every: list[list[int]]) -> Callable[[], tuple[tuple, list[list[int]]]]:
         """Start the all_gather_v of every rank's touched rows (gradient and id bits, one float32
-        tensor); the returned finish waits and sums them on every rank in rank order. Per table:
-        (ids (N_t,), gradients (N_t, D_t)), N_t = sum_j every[j][t], a row sent by several ranks
-        once with its sum, then zeros; and ``every``."""
+        tensor); the returned finish waits and sums them on every rank in rank order: ``_replay``'s
+        arguments (``_sum_gathered``: N_t = sum_j every[j][t] ids per table, a row sent by several
+        ranks once with its sum, then zeros), and ``every``."""
         W, D, c = self.ctx.world_size, self._dmax, self._id_cols
         n = [sum(x) for x in every]
         mine = n[self.ctx.rank]
-        ids = keys[:mine].to(torch.int32 if c == 1 else torch.int64).view(torch.float32).view(mine, c)
-        handle = self.ctx.comm.all_gather_v(torch.cat([rows[:mine], ids], 1), n, async_op=True, tag="dp_grad_sparse")
-        return lambda: (self._sum_gathered(handle.wait(), n, every), every)  # (M, D + c) rows
+        ids = keys[:mine].to(torch.int32 if c == 1 else torch.int64).view(torch.float32)
+        # one flat float32 tensor: the rows, then their ids' bits, so the receiver's rows are contiguous
+        flat = torch.cat([rows[:mine].reshape(-1), ids])
+        handle = self.ctx.comm.all_gather_v(flat, [x * (D + c) for x in n], async_op=True, tag="dp_grad_sparse")
+        return lambda: (self._sum_gathered(handle.wait(), n, every), every)
 
-    def _sum_gathered(self, got: torch.Tensor, n: list[int], every: list[list[int]]) -> list:
-        """The gathered (M, D + c) rows (rank j's n[j] rows in turn) summed per key in rank order."""
-        W, D, c = self.ctx.world_size, self._dmax, self._id_cols
-        gkey = got[:, D:].contiguous().view(torch.int32 if c == 1 else torch.int64).flatten().to(torch.int64)
-        M = gkey.numel()
-        skey, first, seg, pos = _group_equal_keys(gkey)  # received row i sums into pos[i]
-        acc = got.new_zeros(M + 1, D)  # row M stays zero
-        start = 0
-        for j in range(W):  # rank order; a rank's positions are distinct, so each add is race-free
-            acc.index_add_(0, pos[start : start + n[j]], got[start : start + n[j], :D])
-            start += n[j]
-        summed = acc.index_select(0, torch.where(first, seg, M))  # a repeated row: zeros
-        out, start = [], 0
-        for t, (off, d) in enumerate(zip(self._row_off, self._dims)):
-            m = sum(x[t] for x in every)
-            out.append((skey[start : start + m] - off, summed[start : start + m, :d]))
-            start += m
-        return out
+    def _sum_gathered(self, got: torch.Tensor, n: list[int], every: list[list[int]]):
+        """The gathered flat float32 tensor (rank j's n[j] rows of D values, then their n[j] ids'
+        bits, c columns each; rank after rank) summed per key in rank order, straight into the
+        replay's layout (``_replay``): table t's m_t gathered keys ascending as
+        m_t one-id bags of its first feature, a key's sum in the bag of its first occurrence and
+        zeros in its repeats' (the fused kernel merges a row's bags). No device-to-host copy."""
+        W, D, c, F = len(n), self._dmax, self._id_cols, len(self.features)
+        grads, keys, at = [], [], 0
+        for nj in n:
+            grads.append(got[at : at + nj * D].view(nj, D))
+            keys.append(got[at + nj * D : at + nj * (D + c)])
+            at += nj * (D + c)
+        gkey = torch.cat(keys).view(torch.int32 if c == 1 else torch.int64).to(torch.int64)
+        M, dev = gkey.numel(), gkey.device
+        m = [sum(x[t] for x in every) for t in range(len(self._rows))]
+        B = max(1, max(m))
+        skey, order = torch.sort(gkey)  # table by table (keys are offset by table), ascending
+        first = torch.ones(M, dtype=torch.bool, device=dev)
+        first[1:] = skey[1:] != skey[:-1]
+        at = torch.arange(M, device=dev)
+        lead = torch.where(first, at, 0).cummax(0).values  # each sorted key's first occurrence
+        table = torch.repeat_interleave(torch.arange(len(m), device=dev), torch.tensor(m, device=dev), output_size=M)
+        start = torch.tensor([0] + m[:-1], device=dev).cumsum(0)
+        bag = (at - start.index_select(0, table)) * F + torch.tensor(self._first, device=dev).index_select(0, table)
+        dest = torch.empty_like(bag).index_copy_(0, order, bag.index_select(0, lead))  # received row -> its bag
+        acc = got.new_zeros(B * F, D)  # (B, F, D): bag-major, as the (B, sum D) gradient with uniform dims
+        done = 0
+        for j in range(W):  # rank order; a rank's keys are distinct, so each add is race-free
+            acc.index_add_(0, dest[done : done + n[j]], grads[j])
+            done += n[j]
+        if self._uniform:
+            g_out = acc.view(B, F * D)
+        else:
+            g_out, acc3 = acc.new_zeros(B, self._col[-1]), acc.view(B, F, D)
+            for fi, d in zip(self._first, self._dims):
+                g_out[:, self._col[fi] : self._col[fi] + d] = acc3[:, fi, :d]
+        return skey - self._row_off_t.index_select(0, table), m, g_out
 
     def _dense_sum(self, keys, rows, counts, every: list[list[int]] | None = None
                    ) -> Callable[[], tuple[list, list[list[int]]]]:  # fmt: skip
@@ -365,22 +389,26 @@ class DataParallelSharding(EmbeddingSharding):
             out.append((slot, torch.where(real.unsqueeze(1), grads.index_select(0, slot), 0.0)))
         return out, every
 
-    def _replay(self, summed: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Apply the fused update: one bag per (row, gradient) entry, in the first feature of the
-        row's table; backward with the summed gradients."""
-        F = len(self.features)
+    def _replay(self, values: torch.Tensor, m: list[int], g_out: torch.Tensor) -> None:
+        """Apply the fused update: table t's m[t] ids (``values``, table after table) as one-id
+        bags of its first feature, the rest of the B = g_out.shape[0] bags empty; backward with
+        g_out (B, sum D)."""
+        F, B = len(self.features), g_out.shape[0]
         dev = self._anchor.device
-        B = max(1, max(ids.numel() for ids, _ in summed))
         lens = torch.zeros(F, B, dtype=torch.int64, device=dev)
-        g_out = torch.zeros(B, self._col[-1], device=dev)
-        for t, (ids, g) in enumerate(summed):
-            fi, m = self._first[t], ids.numel()
-            lens[fi, :m] = 1
-            g_out[:m, self._col[fi] : self._col[fi + 1]] = g
-        values = torch.cat([ids for ids, _ in summed])  # tables in order of their first feature
+        for fi, mt in zip(self._first, m):
+            lens[fi, :mt] = 1
         offsets = torch.zeros(F * B + 1, dtype=torch.int64, device=dev)
         torch.cumsum(lens.reshape(-1), 0, out=offsets[1:])
         self.kernel.apply_gradients(values, offsets, g_out)
+
+    def _replay_rows(self, summed: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """``_replay`` of per-table (ids, summed gradients): each gradient row in its id's bag."""
+        B = max(1, max(ids.numel() for ids, _ in summed))
+        g_out = torch.zeros(B, self._col[-1], device=self._anchor.device)
+        for fi, (ids, g) in zip(self._first, summed):
+            g_out[: ids.numel(), self._col[fi] : self._col[fi + 1]] = g
+        self._replay(torch.cat([ids for ids, _ in summed]), [ids.numel() for ids, _ in summed], g_out)
 
     def local_shards(self):
         return [(t.name, s, self.kernel, i) for i, (_, t, s) in enumerate(self._shard_list)]
