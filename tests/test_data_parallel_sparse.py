@@ -185,7 +185,8 @@ def test_touched_rows_summed_densely_equal_the_sorted_sums(dims) -> None:
     """Few rows (R <= the batch's ids N, as hot-row replicas have) are summed into a buffer of
     every row instead of sorting the ids: the same touched rows, bit-identical sums and counts,
     the same tail (key 0, zero rows) past them; for N below, at and above R, repeated and absent
-    rows, a table nobody touched, weighted and mean-pooled features."""
+    rows, a table nobody touched, weighted and mean-pooled features; the same sums from a
+    gradient that is a column slice of a wider tensor."""
     res = run_ranks(_dense_vs_sorted_body, 1, dims)
     assert res[0] == 6
 
@@ -218,6 +219,10 @@ def _dense_vs_sorted_body(comm, dims):
         t1 = group._touched(values, offsets, sp.weights, dense=False)
         t2 = group._touched(values, offsets, sp.weights, dense=True)
         r1, r2 = group._touched_grads(grad, t1), group._touched_grads(grad, t2)
+        for pad in (group._dmax, 1):  # the gradient as a column slice of a wider tensor, its rows D-aligned or not
+            wide = torch.randn(B, pad + grad.shape[1], generator=gen)
+            wide[:, pad:] = grad
+            assert torch.equal(group._touched_grads(wide[:, pad:], t1), r1)
         n = int(t1.counts.sum())
         assert torch.equal(t1.counts, t2.counts) and n == int(t1.keys[:n].unique().numel()) > 0
         assert torch.equal(t1.keys[:n], t2.keys[:n]) and torch.equal(r1[:n], r2[:n])
