@@ -39,6 +39,7 @@ __all__ = [
     "build_kernel",
     "flat_exchange",
     "positions_where",
+    "rows_of",
 ]
 
 
@@ -151,6 +152,18 @@ def positions_where(mask: torch.Tensor, count: int) -> torch.Tensor:
     if mask.device.type == "cpu":
         return mask.nonzero().flatten()
     return torch.nonzero_static(mask, size=count).flatten()
+
+
+def rows_of(x: torch.Tensor, g: int) -> tuple[torch.Tensor, int]:
+    """``x`` (b, C g) as rows of g values, and how many rows a sample spans (``per``): chunk c of
+    sample s is row s per + c. Without a copy when x's samples start g-aligned (a column slice of a
+    wider tensor, as the interaction's gradient hands the embeddings: per > C); a reshape
+    otherwise (per = C)."""
+    b, C = x.shape[0], x.shape[1] // g
+    if x.stride(1) == 1 and x.stride(0) % g == 0:
+        per = x.stride(0) // g
+        return x.as_strided((max(b - 1, 0) * per + C, g), (g, 1)), per
+    return x.reshape(b * C, g), C
 
 
 def _weights_as_int64(w: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..data.batch import SparseFeatures
-from .common import EmbeddingSharding, GroupFeature, ShardingContext, build_kernel
+from .common import EmbeddingSharding, GroupFeature, ShardingContext, build_kernel, rows_of
 
 __all__ = ["DataParallelSharding", "GRAD_SYNCS"]
 
@@ -269,13 +269,9 @@ class DataParallelSharding(EmbeddingSharding):
         in id order (both layouts: the same float sums); the 1/W scales the sums (the same
         values when W is a power of two), or, with per-id weights, rides on them."""
         F, b, D = len(self.features), grad.shape[0], self._dmax
-        if self._uniform and grad.stride(1) == 1 and grad.stride(0) % D == 0:
-            # grad (b, F*D) as rows of D without a copy, also as a column slice of a wider tensor
-            # (the interaction's input): bag f*b+s is row s*per+f, per = the rows a sample spans
-            per = grad.stride(0) // D
-            src, at = grad.as_strided((max(b - 1, 0) * per + F, D), (D, 1)), (t.bag % b) * per + t.bag // b
-        elif self._uniform:  # as (b*F, D): bag f*b+s is row s*F+f
-            src, at = grad.reshape(b * F, D), (t.bag % b) * F + t.bag // b
+        if self._uniform:  # grad (b, F*D) as rows of D (a view when it can): bag f*b+s is row s*per+f
+            src, per = rows_of(grad, D)
+            at = (t.bag % b) * per + t.bag // b
         else:
             src, at = grad.new_zeros(F, b, D), t.bag
             for fi, d in enumerate(self.dims):

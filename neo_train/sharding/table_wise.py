@@ -33,7 +33,7 @@ import torch
 from ..comm.autograd import all_to_all_v_async
 from ..comm.awaitable import Pending
 from .common import (EmbeddingSharding, GroupFeature, ColumnPermutation, Routed, Sends, ShardingContext, Unit, build_kernel,
-                     flat_exchange, positions_where)
+                     flat_exchange, positions_where, rows_of)
 
 __all__ = ["TableWiseSharding"]
 
@@ -59,7 +59,11 @@ class _ScatterAddRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         (at,) = ctx.saved_tensors
-        return grad if ctx.needs_input_grad[0] else None, grad.reshape(-1, ctx.g).index_select(0, at), None
+        rows, per = rows_of(grad, ctx.g)  # a view of the interaction's gradient slice, no copy
+        C = grad.shape[1] // ctx.g
+        if per != C:
+            at = (at // C) * per + at % C
+        return grad if ctx.needs_input_grad[0] else None, rows.index_select(0, at), None
 
 
 class TableWiseSharding(EmbeddingSharding):
