@@ -5,7 +5,8 @@ Exactness: training with replication gives the per-step losses, tables and optim
 training without it (float32 rounding apart: a bag's pooled row is summed as cold part + hot part,
 and a hot row's gradient is all-reduced instead of summed by its owner), for SGD, row-wise
 AdaGrad and Adam, table-wise / row-wise / table-row-wise, across a change of the hot sets (rows
-and state written back to their owners, the new rows gathered from theirs). On table-wise plans
+and state written back to their owners, the rows that stay hot moved locally, only the promoted
+rows gathered from their owners). On table-wise plans
 the bags with no cold id skip the pooled exchange both ways: the same results, exactly the
 skipped rows' bytes fewer (fp32 and the codecs); ``auto`` counts those bytes when choosing k, and
 the replicas' gradient sync as the cheaper of the dense all-reduce and the sparse all-gather of
@@ -36,6 +37,15 @@ def _train(comm, hot, sharding, optimizer, seed):
     cfg = cfg.replace(train=cfg.train.replace(kernel_backend="reference", sparse_optimizer=optimizer, seed=seed))
     local = 2 if sharding == "table_row_wise" else None
     plan = ShardingPlan.uniform(cfg.model, sharding, comm.world_size, local)
+    syncs, promoted = [], 0  # the replicas' gather from the owners: all-reduced values per sync
+    all_reduce = comm.all_reduce
+
+    def logged(x, *args, tag="", **kw):
+        if tag == "hot_rows_sync":
+            syncs.append(x.numel())
+        return all_reduce(x, *args, tag=tag, **kw)
+
+    comm.all_reduce = logged
     m = DistributedModelParallel(cfg, plan, comm, hot_rows=hot)
     opt = make_dense_optimizer(cfg.train, m.dense_parameters())
     data = make_data(cfg, "train", comm.rank, comm.world_size)
@@ -50,6 +60,7 @@ def _train(comm, hot, sharding, optimizer, seed):
                 rest = torch.tensor([i for i in torch.randperm(cfg.model.table(t).num_rows, generator=gen).tolist()
                                      if i not in set(keep.tolist())][: k - keep.numel()])  # fmt: skip
                 new[t] = torch.cat([keep, rest])
+                promoted += int((~torch.isin(new[t], old[t])).sum())
             m.embeddings.set_hot_rows(new)
         b = next(data)
         if hot:
@@ -64,7 +75,7 @@ def _train(comm, hot, sharding, optimizer, seed):
         t = loss.detach().clone()
         comm.all_reduce(t, op="avg", tag="test_loss")
         losses.append(t.item())
-    return losses, m.gather_state_dict()["tables"], hot_ids_seen
+    return losses, m.gather_state_dict()["tables"], hot_ids_seen, syncs, promoted
 
 
 CASES = [  # (optimizer, sharding, world size); the rest of the sweep under -m slow
@@ -82,6 +93,10 @@ def test_replication_trains_like_no_replication(optimizer: str, sharding: str, W
     base = run_ranks(_train, W, None, sharding, optimizer, seed)
     hot = run_ranks(_train, W, HOT, sharding, optimizer, seed)
     assert sum(h[2] for h in hot) > 50, "too few hot ids in the batches: the test would not exercise the split"
+    # the switch gathers only the promoted rows (t0 and t2 alike: D = 8, the same state per row)
+    syncs, promoted = hot[0][3], hot[0][4]
+    assert len(syncs) == 2 and 0 < promoted < sum(HOT.values())
+    assert syncs[1] == syncs[0] // sum(HOT.values()) * promoted, (syncs, promoted)
     torch.testing.assert_close(torch.tensor(hot[0][0]), torch.tensor(base[0][0]), rtol=1e-5, atol=1e-6)
     tables_a, tables_b = base[0][1], hot[0][1]
     assert set(tables_b) == set(tables_a) and not any(n.endswith(HOT_SUFFIX) for n in tables_b)

@@ -420,44 +420,65 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     kernel.set_table(i, w)
                     kernel.set_state(i, st)
 
+    @staticmethod
+    def _carried(old: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The slots of ``new`` (a table's next hot ids) whose ids the replica holds now (``old``),
+        their slots in ``old``, and the rest of ``new``'s slots (the promoted rows)."""
+        if old is None or old.numel() == 0:
+            nothing = torch.zeros(0, dtype=torch.int64)
+            return nothing, nothing, torch.arange(new.numel())
+        o_sorted, o_slot = torch.sort(old)
+        at = torch.searchsorted(o_sorted, new).clamp_(max=old.numel() - 1)
+        hit = o_sorted[at] == new
+        return hit.nonzero().flatten(), o_slot[at[hit]], (~hit).nonzero().flatten()
+
     def _sync_replicas(self, version: int) -> None:
-        """Make the replicas hold the hot sets of ``version`` (collective: one all-reduce)."""
+        """Make the replicas hold the hot sets of ``version`` (collective: one all-reduce). Rows
+        that stay hot move to their new slots locally (every replica holds the same values); only
+        the promoted rows come from their owners, each owner adding its rows (zeros elsewhere)."""
         if version == self._replica_version:
             return
         if version not in self._pending_hot:
             raise RuntimeError(f"hot-row set version {version} is no longer known (now {self._hot_version})")
         self._write_back_hot()
         target = self._pending_hot[version]
-        flats, layout = [], []
+        flats, layout, moves = [], [], {}
         for t in sorted(target):
             ids = target[t]
             owners, (rk, ri) = self._hot_shards(t)
             rw, rst, _ = self._rows_of(rk, ri)
-            bufs = {"weight": torch.zeros_like(rw, dtype=torch.float32)}
-            bufs.update({n: torch.zeros_like(v, dtype=torch.float32) for n, v in rst.items()})
-            for local, slot, kernel, i in self._owned(owners, ids, rw.device):
+            dev = rw.device
+            to_slot, from_slot, fresh = (x.to(dev) for x in self._carried(self._replica_ids.get(t), ids))
+            kept = {"weight": rw.index_select(0, from_slot), **{n: v.index_select(0, from_slot) for n, v in rst.items()}}
+            moves[t] = (to_slot, kept, fresh)
+            n = fresh.numel()
+            bufs = {"weight": rw.new_zeros((n, *rw.shape[1:]), dtype=torch.float32)}
+            bufs.update({name: v.new_zeros((n, *v.shape[1:]), dtype=torch.float32) for name, v in rst.items()})
+            for local, slot, kernel, i in self._owned(owners, ids[fresh.cpu()], dev):
                 w, st, _ = self._rows_of(kernel, i)
                 bufs["weight"].index_copy_(0, slot, w.index_select(0, local).float())
-                for n, v in st.items():
-                    bufs[n].index_copy_(0, slot, v.index_select(0, local).float())
-            for n, buf in bufs.items():
+                for name, v in st.items():
+                    bufs[name].index_copy_(0, slot, v.index_select(0, local).float())
+            for name, buf in bufs.items():
                 flats.append(buf.reshape(-1))
-                layout.append((t, n, buf.shape))
-        if flats:  # each hot row has exactly one owner (TW / RW / TWRW): the sum is that owner's row
+                layout.append((t, name, buf.shape))
+        got: dict[str, dict[str, torch.Tensor]] = {}
+        if sum(x.numel() for x in flats):  # the same on every rank: the sets are (set_hot_rows checks)
+            # each hot row has exactly one owner (TW / RW / TWRW): the sum is that owner's row
             flat = self.comm.all_reduce(torch.cat(flats).to(getattr(self.comm, "device", "cpu")), tag="hot_rows_sync")
             parts = flat.to(self.ctx.device).split([math.prod(shape) for _, _, shape in layout])
-            got: dict[str, dict[str, torch.Tensor]] = {}
-            for (t, n, shape), part in zip(layout, parts):
-                got.setdefault(t, {})[n] = part.view(shape)
-            for t, entry in got.items():
-                _, (rk, ri) = self._hot_shards(t)
-                rw, rst, live = self._rows_of(rk, ri)
-                rw.copy_(entry["weight"].to(rw.dtype))
-                for n, v in rst.items():
-                    v.copy_(entry[n].to(v.dtype))
-                if not live:
-                    rk.set_table(ri, rw)
-                    rk.set_state(ri, rst)
+            for (t, name, shape), part in zip(layout, parts):
+                got.setdefault(t, {})[name] = part.view(shape)
+        for t, (to_slot, kept, fresh) in moves.items():
+            _, (rk, ri) = self._hot_shards(t)
+            rw, rst, live = self._rows_of(rk, ri)
+            for name, v in [("weight", rw), *rst.items()]:
+                v.index_copy_(0, to_slot, kept[name])
+                if name in got.get(t, {}):
+                    v.index_copy_(0, fresh, got[t][name].to(v.dtype))
+            if not live:
+                rk.set_table(ri, rw)
+                rk.set_state(ri, rst)
         self._replica_ids = dict(target)
         self._replica_version = version
         for v in [v for v in self._pending_hot if v < version]:
