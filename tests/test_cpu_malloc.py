@@ -61,3 +61,37 @@ def test_the_trainer_keeps_large_tensors_in_the_heap_and_their_memory_mapped() -
     plain, mmapped, grew, _ = _probe("trainer", NEO_TRAIN_MALLOC="default")
     assert not plain
     assert mmapped >= 16 and grew == 0, "glibc's defaults no longer mmap a 16 MiB tensor: the probe shows nothing"
+
+
+def _rank_allocation(comm):
+    import torch
+
+    x = torch.empty(1 << 20)  # 4 MiB
+    return os.environ.get("THP_MEM_ALLOC_ENABLE"), x.data_ptr() % 4096
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages: Linux")
+def test_spawned_ranks_allocate_large_tensors_page_aligned_for_huge_pages() -> None:
+    """The ranks ``run_ranks`` starts inherit THP_MEM_ALLOC_ENABLE=1 (``rank_environment``), and
+    PyTorch honours it: a 4 MiB tensor is page-aligned (its default alignment is 64 bytes)."""
+    from neo_train.testing import run_ranks
+
+    opted_out = os.environ.get("NEO_TRAIN_MALLOC", "").strip().lower() == "default"
+    if opted_out or os.environ.get("THP_MEM_ALLOC_ENABLE") not in (None, "1"):
+        pytest.skip("this environment opts out")
+    assert run_ranks(_rank_allocation, 1) == [("1", 0)]
+
+
+def test_rank_environment_keeps_a_setting_and_honours_the_opt_out(monkeypatch) -> None:
+    from neo_train.train.cpu_malloc import rank_environment
+
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    monkeypatch.setenv("NEO_TRAIN_MALLOC", "default")
+    rank_environment()
+    assert "THP_MEM_ALLOC_ENABLE" not in os.environ
+    monkeypatch.delenv("NEO_TRAIN_MALLOC")
+    rank_environment()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    rank_environment()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"

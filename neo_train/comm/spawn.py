@@ -72,6 +72,9 @@ _CTX = None
 def _context():
     global _CTX
     if _CTX is None:
+        from ..train.cpu_malloc import rank_environment
+
+        rank_environment()  # before the fork server starts: the ranks inherit its environment
         _CTX = mp.get_context("forkserver")
         _CTX.set_forkserver_preload(["torch", "torch.distributed", "neo_train"])
     return _CTX
