@@ -170,9 +170,9 @@ def _launch_local(nproc: int, argv: Sequence[str], max_restarts: int = 0) -> int
     # each rank sets its intra-op threads itself (intra_op_threads); this only keeps torchrun
     # from warning that it chose 1 for them
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from .train.cpu_malloc import rank_environment
+    from .comm.spawn import rank_environment
 
-    rank_environment()  # THP_MEM_ALLOC_ENABLE for the ranks' host tensors (train/cpu_malloc.py)
+    rank_environment()  # THP_MEM_ALLOC_ENABLE for the ranks' host tensors (comm/spawn.py)
     verbose = "--verbose" in argv
     if not verbose:  # the ranks say what went wrong, one line each; torchrun's dump is noise
         import logging

@@ -83,7 +83,7 @@ def test_spawned_ranks_allocate_large_tensors_page_aligned_for_huge_pages() -> N
 
 
 def test_rank_environment_keeps_a_setting_and_honours_the_opt_out(monkeypatch) -> None:
-    from neo_train.train.cpu_malloc import rank_environment
+    from neo_train.comm.spawn import rank_environment
 
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     monkeypatch.setenv("NEO_TRAIN_MALLOC", "default")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-__all__ = ["run_ranks", "free_port", "RankFailed"]
+__all__ = ["run_ranks", "free_port", "RankFailed", "rank_environment"]
 
 
 class RankFailed(RuntimeError):
@@ -66,14 +66,23 @@ def _entry(rank: int, world_size: int, local_world_size: int, port: int, coll_ti
                 pass
 
 
+def rank_environment() -> None:
+    """Before starting rank processes (they inherit this process's environment):
+    ``THP_MEM_ALLOC_ENABLE=1``, unless it is set already or ``NEO_TRAIN_MALLOC=default``. PyTorch's
+    CPU allocator then page-aligns host tensors and uses transparent huge pages for those of 2 MiB
+    and more, which keeps a training step's large tensors from fragmenting the heap into fresh
+    pages every few steps; PyTorch reads it at a process's first allocation, so only a process
+    started with it benefits (``neo_train/train/cpu_malloc.py`` has the measurements)."""
+    if os.environ.get("NEO_TRAIN_MALLOC", "").strip().lower() != "default":
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+
 _CTX = None
 
 
 def _context():
     global _CTX
     if _CTX is None:
-        from ..train.cpu_malloc import rank_environment
-
         rank_environment()  # before the fork server starts: the ranks inherit its environment
         _CTX = mp.get_context("forkserver")
         _CTX.set_forkserver_preload(["torch", "torch.distributed", "neo_train"])

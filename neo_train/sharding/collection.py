@@ -449,7 +449,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             rw, rst, _ = self._rows_of(rk, ri)
             dev = rw.device
             to_slot, from_slot, fresh = (x.to(dev) for x in self._carried(self._replica_ids.get(t), ids))
-            kept = {"weight": rw.index_select(0, from_slot), **{n: v.index_select(0, from_slot) for n, v in rst.items()}}
+            kept = {name: v.index_select(0, from_slot) for name, v in [("weight", rw), *rst.items()]}
             moves[t] = (to_slot, kept, fresh)
             n = fresh.numel()
             bufs = {"weight": rw.new_zeros((n, *rw.shape[1:]), dtype=torch.float32)}

@@ -25,9 +25,9 @@ those steps ~60 ms slower). PyTorch's own remedy is ``THP_MEM_ALLOC_ENABLE=1``: 
 then page-aligns every tensor and asks for transparent huge pages for those of 2 MiB and more, so
 new memory comes 2 MiB a fault and large tensors stop carving each other's pages. PyTorch reads
 the variable once, at the process's first allocation, so it must be in the environment before
-the process starts: ``rank_environment()`` puts it there (unless it is set, or
-``NEO_TRAIN_MALLOC=default``) for the rank processes ``neo_train.comm.spawn`` starts; under
-torchrun set it yourself.
+the process starts: ``neo_train.comm.spawn.rank_environment()`` puts it there (unless it is set,
+or ``NEO_TRAIN_MALLOC=default``) for the rank processes ``run_ranks`` and ``neo-train train
+--nproc`` start; under torchrun set it yourself.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["tune_cpu_malloc", "rank_environment", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["tune_cpu_malloc", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -63,9 +63,3 @@ def tune_cpu_malloc() -> bool:
     _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _applied
 
-
-def rank_environment() -> None:
-    """Before starting rank processes: ``THP_MEM_ALLOC_ENABLE=1`` in this process's environment,
-    which they inherit (module docstring), unless it is set already or ``NEO_TRAIN_MALLOC=default``."""
-    if os.environ.get("NEO_TRAIN_MALLOC", "").strip().lower() != "default":
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
