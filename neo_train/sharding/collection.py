@@ -448,13 +448,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
             owners, (rk, ri) = self._hot_shards(t)
             rw, rst, _ = self._rows_of(rk, ri)
             dev = rw.device
-            to_slot, from_slot, fresh = (x.to(dev) for x in self._carried(self._replica_ids.get(t), ids))
+            to_slot, from_slot, fresh = self._carried(self._replica_ids.get(t), ids)
+            promoted = ids[fresh]
+            to_slot, from_slot, fresh = to_slot.to(dev), from_slot.to(dev), fresh.to(dev)
             kept = {name: v.index_select(0, from_slot) for name, v in [("weight", rw), *rst.items()]}
             moves[t] = (to_slot, kept, fresh)
             n = fresh.numel()
             bufs = {"weight": rw.new_zeros((n, *rw.shape[1:]), dtype=torch.float32)}
             bufs.update({name: v.new_zeros((n, *v.shape[1:]), dtype=torch.float32) for name, v in rst.items()})
-            for local, slot, kernel, i in self._owned(owners, ids[fresh.cpu()], dev):
+            for local, slot, kernel, i in self._owned(owners, promoted, dev):
                 w, st, _ = self._rows_of(kernel, i)
                 bufs["weight"].index_copy_(0, slot, w.index_select(0, local).float())
                 for name, v in st.items():

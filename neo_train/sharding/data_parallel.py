@@ -319,24 +319,24 @@ class DataParallelSharding(EmbeddingSharding):
         m_t one-id bags of its first feature, a key's sum in the bag of its first occurrence and
         zeros in its repeats' (the fused kernel merges a row's bags). No device-to-host copy."""
         W, D, c, F = len(n), self._dmax, self._id_cols, len(self.features)
-        grads, keys, at = [], [], 0
+        grads, keys, off = [], [], 0
         for nj in n:
-            grads.append(got[at : at + nj * D].view(nj, D))
-            keys.append(got[at + nj * D : at + nj * (D + c)])
-            at += nj * (D + c)
+            grads.append(got[off : off + nj * D].view(nj, D))
+            keys.append(got[off + nj * D : off + nj * (D + c)])
+            off += nj * (D + c)
         gkey = torch.cat(keys).view(torch.int32 if c == 1 else torch.int64).to(torch.int64)
         M, dev = gkey.numel(), gkey.device
         m = [sum(x[t] for x in every) for t in range(len(self._rows))]
         B = max(1, max(m))
-        skey, order = torch.sort(gkey)  # table by table (keys are offset by table), ascending
-        first = torch.ones(M, dtype=torch.bool, device=dev)
-        first[1:] = skey[1:] != skey[:-1]
-        at = torch.arange(M, device=dev)
-        lead = torch.where(first, at, 0).cummax(0).values  # each sorted key's first occurrence
+        # sorted keys come table by table (keys are offset by table); received row i is in group[i]
+        skey, first, seg, group = _group_equal_keys(gkey)
         table = torch.repeat_interleave(torch.arange(len(m), device=dev), torch.tensor(m, device=dev), output_size=M)
         start = torch.tensor([0] + m[:-1], device=dev).cumsum(0)
-        bag = (at - start.index_select(0, table)) * F + torch.tensor(self._first, device=dev).index_select(0, table)
-        dest = torch.empty_like(bag).index_copy_(0, order, bag.index_select(0, lead))  # received row -> its bag
+        at = torch.arange(M, device=dev) - start.index_select(0, table)  # each sorted key's place in its table
+        bag = at * F + torch.tensor(self._first, device=dev).index_select(0, table)
+        # each group's bag: its first key's (the repeats' bags keep zeros)
+        group_bag = torch.zeros_like(bag).index_add_(0, seg, torch.where(first, bag, 0))
+        dest = group_bag.index_select(0, group)  # received row -> its bag
         acc = got.new_zeros(B * F, D)  # (B, F, D): bag-major, as the (B, sum D) gradient with uniform dims
         done = 0
         for j in range(W):  # rank order; a rank's keys are distinct, so each add is race-free
