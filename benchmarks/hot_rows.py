@@ -15,9 +15,11 @@ FAIL), from the numbers in the table, next to the reason.
    0.8, 1.05, 1.2; ``data.zipf_alpha``), one set of W gloo ranks (one torch thread each) trains
    every variant of the same model on the same batches:
        off       no replication, fp32 exchange (the baseline, measured in the same processes)
-       auto      dist.hot_rows = "auto": per table the k that ``choose_hot_rows`` (the cost model)
-                 expects to save the most bytes, 0 where nothing pays
-       K=<K>     dist.hot_rows = K (--fixed-k, default 1024; --quick 64; 0 leaves it out) rows of every table
+       auto      dist.hot_rows = "auto": per table the k that ``choose_hot_rows`` (the cost model,
+                 pricing on the job's cluster: cpu_local here) expects to save the most step time,
+                 0 where nothing pays
+       K=<K>     dist.hot_rows = K (--fixed-k, default 1024; --quick 64; a comma list gives one variant
+                 each, 0 none) rows of every table
        <codec>   no replication; dist.forward_comm_dtype = backward_comm_dtype = codec, for each
                  --codecs entry (default fp16, bf16, fp8_e4m3, int8; the list is checked against
                  neo_train.comm.CODECS, names it lacks are skipped with a note)
@@ -296,6 +298,7 @@ def rank_job(comm, job: Job) -> dict[str, Any]:
     """Every variant on this rank: build, warm up, measured steps round robin; rank 0 returns."""
     from neo_train.data.synthetic import SyntheticData
     from neo_train.planning.hot_rows import choose_hot_rows
+    from neo_train.topology.networks import job_cluster
     from neo_train.train.pipeline import TrainPipeline
     from neo_train.train.trainer import Trainer
 
@@ -353,7 +356,8 @@ def rank_job(comm, job: Job) -> dict[str, Any]:
             stats = {t: flat[i].tolist() for i, t in enumerate(stats)}
         k = dict(getattr(tr.hot, "k", {}) or {})
         vplan = plans[run.variant.sharding or job.sharding]
-        choice = {t: asdict(c) for t, c in choose_hot_rows(tr.cfg, vplan, W, run.variant.hot_rows).items()}
+        cluster = job_cluster(tr.cfg.dist.topology, W, W, "cpu")  # what the trainer priced auto's k on
+        choice = {t: asdict(c) for t, c in choose_hot_rows(tr.cfg, vplan, W, run.variant.hot_rows, cluster).items()}
         out_runs.append({
             "variant": asdict(run.variant),
             "k": k,
@@ -484,7 +488,7 @@ def simulate_model_a(nodes: int, tables: int, alphas: Sequence[float], codecs: S
             if v["alpha"] is not None:
                 if v["alpha"] not in choices:
                     cfg = Config(model, TrainConfig(batch_size=b), DataConfig(zipf_alpha=v["alpha"]))
-                    choices[v["alpha"]] = choose_hot_rows(cfg, plan, W, "auto")
+                    choices[v["alpha"]] = choose_hot_rows(cfg, plan, W, "auto", cluster)
                 for t, c in choices[v["alpha"]].items():
                     scale[t] = 1.0 - c.coverage
                     hot_bytes += 4.0 * c.k * (model.table(t).dim + 1)
@@ -800,7 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="multi-hot tables' pooling factor (1: every table one-hot, a Criteo-like DLRM)")
     p.add_argument("--batch-size", type=int, default=None, help="per-rank batch (default 512; --quick 64)")
     p.add_argument("--sharding", default="table_wise", choices=SHARDINGS)
-    p.add_argument("--fixed-k", type=int, default=None, help="the fixed-K variant's K (default 1024; --quick 64; 0: no such variant)")
+    p.add_argument("--fixed-k", type=_ints, default=None,
+                   help="the fixed-K variants' K, comma list (default 1024; --quick 64; 0: no such variant)")
     p.add_argument("--codecs", default=",".join(DEFAULT_CODECS), help="codec variants (comma list; '' for none)")
     p.add_argument("--window", type=int, default=None, help="hot_rows_window in steps (default 10; --quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps per variant (default window + 2)")
@@ -830,7 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.rows = pick(args.rows, 100_000, 20_000)
     args.dim = pick(args.dim, 64, 16)
     args.batch_size = pick(args.batch_size, 512, 64)
-    args.fixed_k = pick(args.fixed_k, 1024, 64)
+    args.fixed_k = [k for k in pick(args.fixed_k, [1024], [64]) if k]
     args.window = pick(args.window, 10, 3)
     args.warmup = args.warmup if args.warmup is not None else args.window + 2
     args.steps = pick(args.steps, 40, 4)
@@ -839,8 +844,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = [c for c in args.codecs.split(",") if c]
     codecs = [c for c in wanted if c in CODECS and c != "fp32"]
     skipped = [c for c in wanted if c not in codecs]
-    if not 0 <= args.fixed_k < args.rows:
-        raise SystemExit(f"--fixed-k {args.fixed_k} must be in [0, --rows {args.rows}) (0: no fixed-K variant)")
+    for k in args.fixed_k:
+        if not 0 < k < args.rows:
+            raise SystemExit(f"--fixed-k {k} must be in [0, --rows {args.rows}) (0: no fixed-K variant)")
     if args.warmup < args.window:
         raise SystemExit(f"--warmup {args.warmup} must be >= --window {args.window} (the first hot-set switch)")
     if min(args.world_sizes) < 2:
@@ -848,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     control = "row_wise" if args.sharding != "row_wise" else "table_wise"
     variants = [Variant("off"), Variant("auto", "auto")]
-    variants += [Variant(f"K={args.fixed_k}", str(args.fixed_k))] if args.fixed_k else []
+    variants += [Variant(f"K={k}", str(k)) for k in args.fixed_k]
     variants += [Variant(c, "off", c) for c in codecs]
     if not args.no_control:
         variants.append(Variant(f"off@{'RW' if control == 'row_wise' else 'TW'}", sharding=control))

@@ -38,8 +38,14 @@ def test_hot_rows_benchmark_quick(tmp_path: Path) -> None:
         assert r["phases_ms"] and r["final_loss"] == r["losses"][-1]
     assert off["a2a_ratio"] == 1.0
 
+    # auto replicates what the cost model priced on the job's cluster (cpu_local): at these toy sizes
+    # nothing saves the collectives' latency, so auto runs as off, switching nothing
+    auto = rows["auto"]
+    assert {t: c["k"] for t, c in auto["cost_model"].items()} == auto["k"]
+    if not auto["k"]:
+        assert auto["switches"] == 0 and auto["bytes_per_step"] == off["bytes_per_step"] and auto["loss_matches_off"]
     # replication: exact (W = 2: a sum of two is order-free), fewer ids in the input dist, a replica all-reduce
-    for name in ("auto", "K=64"):
+    for name in [n for n in ("auto", "K=64") if rows[n]["k"]]:
         r = rows[name]
         assert r["loss_matches_off"] and r["loss_max_rel_diff_vs_off"] <= 1e-5, (name, r["loss_max_rel_diff_vs_off"])
         assert r["switches"] >= 1 and r["k"], name

@@ -238,10 +238,17 @@ def test_plan_command_shows_the_hot_rows_it_would_replicate(capsys) -> None:
     assert plan_command(p.parse_args(base)) == 0
     assert "hot rows" not in capsys.readouterr().out  # the preset's dist.hot_rows is off
     assert plan_command(p.parse_args(base + ["--hot-rows", "32"])) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "hot rows" in ln or " k " in ln]
+    out = capsys.readouterr().out
+    timed = [ln for ln in out.splitlines() if ln.strip().startswith("on cpu_local: ")]
+    assert len(timed) == 1 and "ms of all-to-all saved per step" in timed[0] and "(window 100): net " in timed[0], out
+    lines = [ln for ln in out.splitlines() if "hot rows" in ln or " k " in ln]
     assert lines[0].startswith("hot rows    32: ") and "MB of ids and pooled rows kept local (" in lines[0], lines
     assert "MB of pooled rows of all-hot bags)" in lines[0] and "MB of replica gradient sync (" in lines[0], lines
-    assert all(" k       32 " in ln and " sync " in ln and "rows touched)" in ln for ln in lines[1:]) and len(lines) > 1, lines
+    assert all(" k       32 " in ln and " sync " in ln and "rows touched)" in ln and ln.endswith(" ms") for ln in lines[1:])
+    assert len(lines) > 1, lines
+    # at b = 256 no k saves more time on this CPU host than replication costs
+    assert plan_command(p.parse_args(base + ["--hot-rows", "auto"])) == 0
+    assert "hot rows    auto: no table gains on cpu_local (" in capsys.readouterr().out
 
 
 # ---- the sparse output exchange: bags with no cold id skip it (table-wise) ---------------------
@@ -436,7 +443,7 @@ def test_auto_counts_the_cheaper_replica_sync() -> None:
     """The replicas' gradient sync costs the cheaper of the dense all-reduce and the sparse
     all-gather of the rows a rank touches (sharding/data_parallel.py): the expected touched rows
     match the generator's ids, and the sparse sync lets ``auto`` replicate more rows of one-hot
-    tables at W = 2 (b = 512, Zipf 1.05: k = 512, was 32) while W = 4 stays with the dense one."""
+    tables at W = 2 (b = 512, Zipf 1.05: k = 512, was 32) while W = 4 stays with the dense one (k = 48)."""
     import numpy as np
 
     from neo_train.config import Config, DataConfig, DistConfig, TrainConfig
@@ -456,12 +463,100 @@ def test_auto_counts_the_cheaper_replica_sync() -> None:
     tables = tuple(TableConfig(f"t{i}", rows, 64, pooling_factor=1.0) for i in range(4))
     model = ModelConfig(tables, num_dense_features=13, bottom_mlp=(64,), top_mlp=(16,), interaction="dot")
     cfg = Config(model, TrainConfig(batch_size=512), DataConfig(zipf_alpha=alpha), DistConfig(), name="one_hot")
-    for W, k, sync in ((2, 512, "sparse"), (4, 32, "dense")):
+    for W, k, sync in ((2, 512, "sparse"), (4, 48, "dense")):
         c = choose_hot_rows(cfg, ShardingPlan.uniform(model, "table_wise", W), W, "auto")["t0"]
         assert (c.k, c.sync) == (k, sync), (W, c)
         dense, sparse = replica_sync_bytes(c.k, 64, c.touched_rows, W)
         assert c.added_bytes == min(dense, sparse) and c.touched_rows == expected_touched_rows(c.k, rows, alpha, 512)
         assert sparse == pytest.approx((W - 1) * c.touched_rows * 4 * 65) and dense == pytest.approx(2 * (W - 1) / W * 4 * c.k * 65)
+
+
+def _one_hot_cfg(W: int, window: int = 10, b: int = 4096, optimizer: str = "sgd"):
+    from neo_train.config import Config, DataConfig, DistConfig, TrainConfig
+
+    tables = tuple(TableConfig(f"t{i}", 100_000, 128, pooling_factor=1.0) for i in range(4))
+    model = ModelConfig(tables, num_dense_features=13, bottom_mlp=(128,), top_mlp=(16,), interaction="dot")
+    cfg = Config(model, TrainConfig(batch_size=b, sparse_optimizer=optimizer), DataConfig(zipf_alpha=1.05),
+                 DistConfig(hot_rows_window=window), name="one_hot")  # fmt: skip
+    return cfg, ShardingPlan.uniform(model, "table_wise", W)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_auto_on_a_cluster_maximises_the_step_time_saved(W: int) -> None:
+    """With the job's cluster ``auto`` picks the k with the most seconds saved net of the sync,
+    the replicas' extra memory traffic and the switches (each term as its formula says); with free
+    memory traffic and rare switches it agrees with the bytes, on a CPU host (cpu_local: memory at
+    1.5 GB/s, the replicas' cached rows 4x that) it replicates fewer rows than the bytes alone
+    would; what the tables save must pay
+    for the collectives replication adds, and the cluster must be the job's."""
+    from neo_train.planning.cost_formulas import ring_allreduce_time, state_bytes_per_row
+    from neo_train.planning.hot_rows import (REPLICA_ROUNDS, choose_hot_rows, exchange_seconds, expected_touched_rows,
+                                             replica_work_bytes)  # fmt: skip
+    from neo_train.topology.networks import job_cluster
+
+    for optimizer in ("sgd", "rowwise_adagrad"):
+        cfg, plan = _one_hot_cfg(W, optimizer=optimizer)
+        cluster = job_cluster("", W, W, "cpu")
+        assert (cluster.name, cluster.world_size, cluster.nodes) == ("cpu_local", W, 1)
+        auto = choose_hot_rows(cfg, plan, W, "auto", cluster)
+        by_bytes = choose_hot_rows(cfg, plan, W, "auto")
+        assert set(auto) == set(by_bytes) == {"t0", "t1", "t2", "t3"}
+        B, lat, hbm = cluster.intra_node_bandwidth, cluster.intra_node_latency, cluster.hbm_bandwidth * cluster.hot_set_speedup
+        assert cluster.hot_set_speedup == 4.0
+        for name, c in auto.items():
+            assert c.net_s > 0 and c.k < by_bytes[name].k  # the replicas' work stops k short of the bytes' choice
+            for other in (c.k // 2, c.k * 2):
+                assert choose_hot_rows(cfg, plan, W, str(other), cluster)[name].net_s <= c.net_s
+            # each term, by hand (one host: the rank's bytes over its loopback link)
+            assert c.saved_s == pytest.approx(c.saved_bytes / B) == pytest.approx(exchange_seconds(c.saved_bytes, cluster))
+            assert c.sync_s == pytest.approx(c.added_bytes / B)  # the sparse all-gather's bytes or the dense ring's
+            if c.sync == "dense":
+                assert c.sync_s == pytest.approx(ring_allreduce_time(4 * c.k * 129, W, B, 0.0))
+            u_all = expected_touched_rows(c.k, 100_000, 1.05, W * 4096)
+            assert c.work_s == pytest.approx(replica_work_bytes(u_all, c.touched_rows, 128, optimizer, W) / hbm)
+            state = state_bytes_per_row(128, optimizer)
+            assert c.switch_s == pytest.approx(ring_allreduce_time(c.k * (128 * 4 + state), W, B, lat) / 10)
+            assert c.net_s == pytest.approx(c.saved_s - c.sync_s - c.work_s - c.switch_s)
+        # the replay's work by its parts: forward over U one-row bags, fused update of U rows, less the
+        # owner's share of that update, plus the peers' rows added into the replay's gradient
+        U, u, D = 1000.0, 700.0, 128
+        st = state_bytes_per_row(D, optimizer)
+        fwd = U * 8 + (U + 1) * 8 + U * D * 4 + U * D * 4
+        upd = U * D * 4 + U * (8 + D * 4) + U * (2 * D * 4 + 2 * st)
+        assert replica_work_bytes(U, u, D, optimizer, W) == pytest.approx(fwd + upd - U * 2 * (D * 4 + st) / W + (W - 1) * u * 3 * D * 4)
+        # memory traffic for free and a switch every million steps: the time ranks k as the bytes do
+        cfg_rare, _ = _one_hot_cfg(W, window=10**6, optimizer=optimizer)
+        free = choose_hot_rows(cfg_rare, plan, W, "auto", cluster.replace(hbm_bandwidth=1e18))
+        assert {t: c.k for t, c in free.items()} == {t: c.k for t, c in choose_hot_rows(cfg_rare, plan, W, "auto").items()}
+    # when the tables save less than the latency of the collectives replication adds, auto replicates nothing
+    saved = sum(c.net_s for c in auto.values())
+    slow = cluster.replace(intra_node_latency=1.01 * saved / REPLICA_ROUNDS)
+    assert choose_hot_rows(cfg, plan, W, "auto", slow) == {} and choose_hot_rows(cfg, plan, W, "64", slow)
+    with pytest.raises(ValueError, match="the cluster has 8 devices, the job 2 ranks" if W == 2 else "the job 4 ranks"):
+        choose_hot_rows(cfg, plan, W, "auto", job_cluster("", 8, 8, "cpu"))
+
+
+def test_the_trainer_prices_auto_on_the_job_cluster() -> None:
+    """``hot_row_counts`` (what the trainer replicates) prices ``auto`` on the job's cluster:
+    ``dist.topology``, else cpu_local for CPU ranks and zionex for GPUs, the auto planner's."""
+    from neo_train.planning.hot_rows import choose_hot_rows
+    from neo_train.topology.networks import job_cluster
+    from neo_train.train.hot_rows import hot_row_counts
+
+    cfg, plan = _one_hot_cfg(2)
+    auto = cfg.replace(dist=cfg.dist.replace(hot_rows="auto"))
+    for device, name in (("cpu", "cpu_local"), ("cuda", "zionex")):
+        cluster = job_cluster("", 2, 2, device)
+        assert (cluster.name, cluster.nodes, cluster.devices_per_node) == (name, 1, 2)
+        want = {t: c.k for t, c in choose_hot_rows(auto, plan, 2, "auto", cluster).items()}
+        assert hot_row_counts(auto, plan, device) == want and want
+    assert hot_row_counts(auto, plan, "cpu") != hot_row_counts(auto, plan, "cuda")  # the two clusters price k apart
+    plan4 = ShardingPlan.uniform(cfg.model, "table_wise", 4, 2)
+    given = auto.replace(dist=auto.dist.replace(topology="opera_study"))
+    cluster = job_cluster("opera_study", 4, 2, "cpu")
+    assert (cluster.nodes, cluster.devices_per_node, cluster.devices_per_nic) == (2, 2, 2)  # the study's NIC per node
+    assert hot_row_counts(given, plan4, "cpu") == {t: c.k for t, c in choose_hot_rows(given, plan4, 4, "auto", cluster).items()}
+    assert hot_row_counts(cfg.replace(dist=cfg.dist.replace(hot_rows="32")), plan, "cpu") == {f"t{i}": 32 for i in range(4)}
 
 
 def _split_reference(parts: dict, hot: dict[str, torch.Tensor], table_of: dict[str, str]) -> dict:

@@ -146,16 +146,18 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 10) -> str:
-    """What ``--hot-rows`` would replicate under this plan (choose_hot_rows): per table k, the
-    lookups the rows take, and the bytes per step and device saved / added; empty when off."""
+def format_hot_rows(cfg, plan, cluster, setting: str, max_tables: int = 10) -> str:
+    """What ``--hot-rows`` would replicate under this plan on ``cluster`` (choose_hot_rows): per
+    table k, the lookups the rows take, the bytes per step and device saved / added and what
+    they are worth in time there; empty when off."""
     from .hot_rows import choose_hot_rows
 
     if str(setting) == "off":
         return ""
-    got = sorted(choose_hot_rows(cfg, plan, world_size, setting).values(), key=lambda c: -c.net_bytes)
+    got = sorted(choose_hot_rows(cfg, plan, cluster.world_size, setting, cluster).values(), key=lambda c: -c.net_s)
     if not got:
-        return f"hot rows    {setting}: no table gains (none eligible, or no k saves more than its gradient sync costs)"
+        return (f"hot rows    {setting}: no table gains on {cluster.name} (none eligible, or no k saves more step "
+                f"time than its gradient sync, the replicas' work and the hot-set switches cost)")  # fmt: skip
     saved, added = sum(c.saved_bytes for c in got), sum(c.added_bytes for c in got)
     ids, rows = sum(c.saved_input_bytes for c in got), sum(c.saved_output_bytes for c in got)
     mem = sum(c.memory_bytes for c in got)
@@ -164,10 +166,15 @@ def format_hot_rows(cfg, plan, world_size: int, setting: str, max_tables: int = 
              f"rows kept local ({ids / 1e6:.3g} MB of ids, {rows / 1e6:.3g} MB of pooled rows of all-hot bags), "
              f"{added / 1e6:.3g} MB of replica gradient sync ({n_sparse} table(s) cheaper by the sparse all-gather of "
              f"touched rows, {len(got) - n_sparse} by the dense all-reduce; net {(saved - added) / 1e6:+.3g} MB); "
-             f"replicas {mem / 1e6:.3g} MB per device"]  # fmt: skip
+             f"replicas {mem / 1e6:.3g} MB per device",
+             f"            on {cluster.name}: {sum(c.saved_s for c in got) * 1e3:.3g} ms of all-to-all saved per step, "
+             f"{sum(c.sync_s for c in got) * 1e3:.3g} ms of sync, {sum(c.work_s for c in got) * 1e3:.3g} ms of replica "
+             f"work, {sum(c.switch_s for c in got) * 1e3:.3g} ms of switches (window {cfg.dist.hot_rows_window}): "
+             f"net {sum(c.net_s for c in got) * 1e3:+.3g} ms"]  # fmt: skip
     for c in got[:max_tables]:
         lines.append(f"  {c.table:<24} k {c.k:>8,}  coverage {c.coverage:6.1%}  saved {c.saved_bytes / 1e3:10,.1f} KB"
-                     f"  sync {c.added_bytes / 1e3:10,.1f} KB ({c.sync}, {c.touched_rows:,.0f} rows touched)")  # fmt: skip
+                     f"  sync {c.added_bytes / 1e3:10,.1f} KB ({c.sync}, {c.touched_rows:,.0f} rows touched)"
+                     f"  net {c.net_s * 1e3:+.3f} ms")  # fmt: skip
     if len(got) > max_tables:
         lines.append(f"  ... {len(got) - max_tables} more")
     return "\n".join(lines)
@@ -214,7 +221,7 @@ def plan_command(args: argparse.Namespace) -> int:
         print(cache)
     hot_setting = getattr(args, "hot_rows", None) or cfg.dist.hot_rows
     hot = format_hot_rows(cfg.replace(train=cfg.train.replace(batch_size=opts.batch_size)), result.plan,
-                          cluster.world_size, hot_setting, args.max_tables_shown)  # fmt: skip
+                          cluster, hot_setting, args.max_tables_shown)  # fmt: skip
     if hot:
         print(hot)
     if args.summary_json:

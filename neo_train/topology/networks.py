@@ -1,5 +1,6 @@
-"""The simulated network of a cluster: ``make_network`` (flat / fat-tree / Opera, cached) and
-``cluster_for`` (a preset or TOML cluster with its nodes and GPUs per node replaced).
+"""The simulated network of a cluster: ``make_network`` (flat / fat-tree / Opera, cached),
+``cluster_for`` (a preset or TOML cluster with its nodes and GPUs per node replaced) and
+``job_cluster`` (the cluster a job's ranks run on, as its cost model prices it).
 
     net = make_network("opera", cluster_for("opera_study", 128))
 """
@@ -13,7 +14,7 @@ from .network import Network
 from .opera import OperaNetwork
 from .spec import ClusterSpec, cluster_spec
 
-__all__ = ["NETWORKS", "make_network", "cluster_for"]
+__all__ = ["NETWORKS", "make_network", "cluster_for", "job_cluster"]
 
 NETWORKS = ("opera", "fattree", "flat")
 _NETS: dict = {}
@@ -69,3 +70,13 @@ def cluster_for(topology: str, nodes: int, gpus_per_node: int | None = None, **o
     per_nic = G if spec.devices_per_nic == spec.devices_per_node else spec.devices_per_nic
     return spec.replace(nodes=nodes, devices_per_node=G, devices_per_nic=per_nic,
                         **{k: v for k, v in overrides.items() if v is not None})
+
+
+def job_cluster(topology: str, world_size: int, local_world_size: int, device_type: str) -> ClusterSpec:
+    """The cluster a job of ``world_size`` ranks, ``local_world_size`` a node, runs on, as the cost
+    model sees it: ``topology`` (a preset or a cluster TOML file; '' -> ``cpu_local`` for CPU
+    ranks, ``zionex`` for GPUs) with the job's nodes and devices per node (``cluster_for``). The
+    auto planner and hot-row replication's ``auto`` (``planning.hot_rows.choose_hot_rows``) price
+    the same cluster."""
+    name = topology or ("cpu_local" if device_type == "cpu" else "zionex")
+    return cluster_for(name, world_size // local_world_size, local_world_size)

@@ -60,6 +60,10 @@ class ClusterSpec:
     ssd_bandwidth: float = 6e9
     """A node's SSD tier per direction, bytes/s (an NVMe drive ~6 GB/s), shared by its devices:
     the misses of tables cached over the SSD tier."""
+    hot_set_speedup: float = 1.0
+    """How much faster than ``hbm_bandwidth`` the embedding kernels run over a small, hot working
+    set that stays in the device's caches: hot-row replicas (``planning.hot_rows``). 1 prices it
+    as the tables (GPU presets); a CPU's caches make it several times faster (``cpu_local``)."""
 
     def __post_init__(self) -> None:
         def check(ok: bool, fld: str, msg: str) -> None:
@@ -71,7 +75,7 @@ class ClusterSpec:
             v = getattr(self, fld)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, fld, f"must be an integer >= 1, got {v!r}")
         for fld in ("device_memory_bytes", "host_memory_bytes", "hbm_bandwidth", "intra_node_bandwidth",
-                    "inter_node_bandwidth", "device_flops", "host_link_bandwidth", "ssd_bandwidth"):
+                    "inter_node_bandwidth", "device_flops", "host_link_bandwidth", "ssd_bandwidth", "hot_set_speedup"):
             v = getattr(self, fld)
             check(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, fld, f"must be a positive number, got {v!r}")
         for fld in ("intra_node_latency", "inter_node_latency"):
@@ -201,18 +205,26 @@ def _cpu_local() -> ClusterSpec:
     #               effective 1.5 GB/s. With small, cache-resident tables (benchmarks/planner.py
     #               part b) fbgemm's forward runs ~4x faster and its backward slower than that:
     #               the sum of the two phases comes out close, the split between them does not
-    #   loopback    gloo all-to-all of 16 MB: ~0.17 GB/s per direction per rank; ~300 us per
-    #               collective round (tiny all-to-all, 2 and 4 ranks)
+    #   loopback    gloo all-to-all of 16 MB, per direction per rank: 0.98 GB/s at 2 ranks, 0.65
+    #               at 4 (2026-11-24, the Intel VM, the ranks with huge pages; an earlier run on
+    #               the AMD VM gave 0.17); 0.6 taken, as training's compute shares the cores (the
+    #               b = 4096 hot-rows benchmark's pooled exchange moves ~0.8 GB/s at 2 ranks);
+    #               200 - 550 us per collective round (tiny all-to-all, 2 and 4 ranks)
     #   dense       ~60 GFLOP/s (1024^3 float32 matmul, one thread)
+    #   hot set     hot-row replicas (k rows of a table, a few MB, every step's most used) stay
+    #               in the caches: fbgemm's forward on small cache-resident tables runs ~4x the
+    #               rate above (benchmarks/planner.py part b); the replicas' replay (its forward
+    #               and fused update) moved 12.7 GB/s by the cost formulas' bytes (b = 4096, D =
+    #               128, 2 ranks; notes/hot_rows.md); 4x taken
     # Memory: a quarter of the RAM per rank, so 4 ranks plus the OS and the test runner fit.
     # Deterministic on purpose: plans must not change with the machine's load.
     return ClusterSpec(
         name="cpu_local", nodes=1, devices_per_node=2,
         device_memory_bytes=5 * GiB, host_memory_bytes=23 * GiB,
         hbm_bandwidth=1.5 * GB,
-        intra_node_bandwidth=0.17 * GB, intra_node_latency=300e-6,
-        inter_node_bandwidth=0.17 * GB, inter_node_latency=300e-6,
-        device_flops=60e9, devices_per_nic=1,
+        intra_node_bandwidth=0.6 * GB, intra_node_latency=300e-6,
+        inter_node_bandwidth=0.6 * GB, inter_node_latency=300e-6,
+        device_flops=60e9, devices_per_nic=1, hot_set_speedup=4.0,
     )  # fmt: skip
 
 

@@ -90,8 +90,15 @@ class HotRowSchedule:
         return True
 
 
-def hot_row_counts(cfg: Any, plan: Any) -> dict[str, int]:
-    """{table: k} from ``cfg.dist.hot_rows`` ("off", "auto" or K; see ``choose_hot_rows``)."""
+def hot_row_counts(cfg: Any, plan: Any, device_type: str = "cpu") -> dict[str, int]:
+    """{table: k} from ``cfg.dist.hot_rows`` ("off", "auto" or K; see ``choose_hot_rows``);
+    ``auto`` prices them on the job's cluster (``dist.topology``, else ``cpu_local`` for CPU ranks
+    and ``zionex`` for GPUs: the auto planner's)."""
     from ..planning.hot_rows import choose_hot_rows
+    from ..topology.networks import job_cluster
 
-    return {t: c.k for t, c in choose_hot_rows(cfg, plan, plan.world_size, cfg.dist.hot_rows).items()}
+    setting = cfg.dist.hot_rows
+    cluster = None
+    if setting == "auto" and plan.world_size > 1:
+        cluster = job_cluster(cfg.dist.topology, plan.world_size, plan.local_world_size, device_type)
+    return {t: c.k for t, c in choose_hot_rows(cfg, plan, plan.world_size, setting, cluster).items()}

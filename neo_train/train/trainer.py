@@ -163,7 +163,7 @@ class Trainer:
 
             if plan is None:
                 raise ValueError("a multi-rank Trainer needs a sharding plan")
-            hot = hot_row_counts(cfg, plan)
+            hot = hot_row_counts(cfg, plan, self.device.type)
             self.model: torch.nn.Module = DistributedModelParallel(cfg, plan, comm, device=self.device, timer=self.timer,
                                                                    hot_rows=hot)  # fmt: skip
             self.hot = HotRowSchedule(self.model.embeddings, cfg.dist.hot_rows_window) if hot else None
