@@ -339,7 +339,8 @@ class DistConfig(_Replace):
     """Record every collective in param's comms-trace JSON, one trace_rank<r>.json per rank, here."""
     hot_rows: str = "off"
     """Hot-row replication: 'off', 'auto' (per table, the k the cost model expects to save the most
-    bytes with: neo_train.planning.hot_rows.choose_hot_rows) or K (K rows of every eligible table:
+    step time with on the job's cluster, ``topology``'s or the default one:
+    neo_train.planning.hot_rows.choose_hot_rows; none where nothing pays) or K (K rows of every eligible table:
     table-wise / row-wise / table-row-wise, sum pooling, resident). Each rank keeps a replica of
     the hot rows, pools their ids locally and exchanges only the cold ids; exact (notes/hot_rows.md)."""
     hot_rows_window: int = 100
