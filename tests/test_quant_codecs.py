@@ -118,6 +118,45 @@ def test_wire_layout_and_decoded_shape_and_dtype(name):
     torch.testing.assert_close(params[0], torch.tensor(expect), rtol=1e-7, atol=0)
 
 
+def test_the_cpu_fast_paths_give_the_formats_own_bits():
+    """The row codecs' CPU shortcuts change no bit: e4m3's decode by lookup in its 256 values
+    equals torch's conversion for every byte (NaNs compared as bits), and a row's extremes by amin
+    and amax equal aminmax's, signed zeros, subnormals and infinities included; the int8 / fp8
+    wire written in place equals the payload cast and concatenated with its params."""
+    from neo_train.comm.codecs import _fp8_to_float, _row_extremes
+
+    every = torch.arange(256, dtype=torch.uint8).view(16, 16)
+    for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got, want = _fp8_to_float(every, fmt), every.view(fmt).float()
+        assert got.shape == (16, 16) and torch.equal(got.view(torch.int32), want.view(torch.int32)), fmt
+        strided = torch.zeros(16, 20, dtype=torch.uint8)
+        strided[:, :16] = every
+        assert torch.equal(_fp8_to_float(strided[:, :16], fmt).view(torch.int32), want.view(torch.int32))
+    x = _awkward_rows(33, seed=5)
+    x[0, :3] = torch.tensor([-0.0, 0.0, 1e-42])
+    x[1, 5] = float("inf")
+    lo, hi = _row_extremes(x)
+    want_lo, want_hi = torch.aminmax(x, dim=1, keepdim=True)
+    assert torch.equal(lo, want_lo) and torch.equal(hi, want_hi)
+    for name in ROW_CODECS:
+        c = make_codec(name)
+        wire = c.encode(x[2:])
+        D = x.shape[1]
+        params = wire[:, D:].clone(memory_format=torch.contiguous_format).view(torch.float32)
+        lo, hi = torch.aminmax(x[2:], dim=1, keepdim=True)
+        if name == "int8":
+            s = (hi - lo) / 255
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            payload = ((x[2:] - lo) / s).round_().clamp_(0, 255).to(torch.uint8)
+            assert torch.equal(params, torch.cat([s, lo], 1))
+        else:
+            s = torch.maximum(-lo, hi) / c.fmax
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            payload = (x[2:] / s).clamp_(-c.fmax, c.fmax).to(c.fmt).view(torch.uint8)
+            assert torch.equal(params, s)
+        assert torch.equal(wire[:, :D], payload), name
+
+
 @pytest.mark.parametrize("name", ROW_CODECS)
 def test_half_precision_inputs_and_non_finite_rows(name):
     """fp16/bf16 rows encode as their float32 values and decode by rounding the float32 result; a

@@ -87,17 +87,22 @@ class _RowCodec(Codec):
 
     extra: int
 
-    def pack(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (n, D) float32 -> (payload (n, D) uint8, params (n, extra // 4) float32)."""
+    def pack_into(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """x (n, D) float32 -> its payload written into ``payload`` ((n, D) uint8, a view of the
+        wire); returns params (n, extra // 4) float32."""
         raise NotImplementedError
 
     def unpack(self, payload: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        """Inverse of ``pack``: (n, D) float32."""
+        """Inverse of ``pack_into``: (n, D) float32."""
         raise NotImplementedError
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        payload, params = self.pack(x.float())
-        return torch.cat([payload, params.view(torch.uint8)], dim=1)  # (n, D + extra)
+        x = x.float()
+        n, D = x.shape
+        out = torch.empty(n, D + self.extra, dtype=torch.uint8, device=x.device)  # (n, D + extra)
+        # the payload quantized straight into the wire, the params after it: no cat of two copies
+        out[:, D:].copy_(self.pack_into(x, out[:, :D]).view(torch.uint8))
+        return out
 
     def decode(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         D = y.shape[1] - self.extra
@@ -132,11 +137,29 @@ def _one_width(splits: Sequence[int], widths: Sequence[int]) -> int | None:
 
 
 def _row_extremes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(min, max) of each row of x (n, D), as (n, 1); 0 for rows of no values (D = 0)."""
+    """(min, max) of each row of x (n, D), as (n, 1); 0 for rows of no values (D = 0). Two
+    reductions, not ``torch.aminmax``: on a CPU its row reduction is ~6x slower than amin and
+    amax together (32k rows of 128: 7.0 vs 1.2 ms)."""
     if x.shape[1] == 0:
         z = x.new_zeros(x.shape[0], 1)
         return z, z
-    return torch.aminmax(x, dim=1, keepdim=True)
+    return x.amin(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)
+
+
+_FP8_TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _fp8_to_float(payload: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
+    """uint8 bytes of float8 ``fmt`` -> float32. On a CPU, e4m3's conversion is slow (32k x 128:
+    18 ms); a lookup in its 256 values, built by the same conversion, gives the same bits in ~4
+    ms. e5m2 (a truncated float16) and GPUs convert directly."""
+    if payload.device.type != "cpu" or fmt != torch.float8_e4m3fn:
+        return payload.view(fmt).float()
+    key = (fmt, payload.device)
+    if key not in _FP8_TABLES:
+        _FP8_TABLES[key] = torch.arange(256, dtype=torch.uint8).view(fmt).float()
+    flat = payload.reshape(-1).to(torch.int32)  # index_select takes int32 indices; int64 would cost 8x the bytes
+    return _FP8_TABLES[key].index_select(0, flat).view(payload.shape)
 
 
 class Fp8Codec(_RowCodec):
@@ -149,17 +172,17 @@ class Fp8Codec(_RowCodec):
         self.fmt, self.name = fmt, name
         self.fmax = torch.finfo(fmt).max
 
-    def pack(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def pack_into(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
         lo, hi = _row_extremes(x)
         s = torch.maximum(-lo, hi) / self.fmax
         s = torch.where(s > 0, s, torch.ones_like(s))
         # the clamp: the scale of a row of float32 subnormals is itself rounded, and x / s may pass
         # the largest finite value (e5m2 would make it inf)
-        q = (x / s).clamp_(-self.fmax, self.fmax).to(self.fmt)
-        return q.view(torch.uint8), s
+        payload.view(self.fmt).copy_(torch.div(x, s).clamp_(-self.fmax, self.fmax))  # rounds to nearest
+        return s
 
     def unpack(self, payload: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        return payload.view(self.fmt).float() * params
+        return _fp8_to_float(payload, self.fmt).mul_(params)
 
 
 class Int8Codec(_RowCodec):
@@ -168,15 +191,15 @@ class Int8Codec(_RowCodec):
     extra = 8
     name = "int8"
 
-    def pack(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def pack_into(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
         lo, hi = _row_extremes(x)
         s = (hi - lo) / 255
         s = torch.where(s > 0, s, torch.ones_like(s))
-        q = ((x - lo) / s).round_().clamp_(0, 255).to(torch.uint8)
-        return q, torch.cat([s, lo], dim=1)
+        payload.copy_(torch.sub(x, lo).div_(s).round_().clamp_(0, 255))  # whole numbers in [0, 255]
+        return torch.cat([s, lo], dim=1)
 
     def unpack(self, payload: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        return payload.float() * params[:, :1] + params[:, 1:]
+        return payload.float().mul_(params[:, :1]).add_(params[:, 1:])
 
 
 def make_codec(name: str | None) -> Codec:
