@@ -35,7 +35,11 @@ For each world size W (gloo ranks on this host, one torch thread each):
                and its wait, per collective kind (``trace_input.trace_duties``), as training
                overlaps its ids' all-to-all with a forward and DDP's buckets with the rest of a
                backward: fitted apart, for the traces' asynchronous collectives (until
-               2026-11-23 Y was X / 2 whatever the runs overlapped; then one Y for every kind)
+               2026-11-23 Y was X / 2 whatever the runs overlapped; then one Y for every kind).
+               The asynchronous cells are launched together (a barrier before each) and every
+               rank draws the same Y, so the ranks wait together, as training's do (until
+               2026-11-24 each rank launched skewed and drew its own Y; notes/sim_validation.md,
+               2026-11-24, morning)
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
@@ -181,6 +185,21 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
             "collectives_within_goal": [within, len(steady)],
             "step_ok": abs(s["step_error"]) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL,
             "sim_wall_s": sim_s, "phases": len(tl.phases), "per_step": val.steps}
+
+
+def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, int, float, int, int]]:
+    """Per calibration label and W (0: every W): (label, W, steps within STEP_GOAL, cases, median
+    step error, collective rows within COLL_GOAL, collective rows every steady step runs)."""
+    out = []
+    for label in dict.fromkeys(r["calibration"] for r in rows):
+        mine = [r for r in rows if r["calibration"] == label]
+        for W in sorted({r["W"] for r in mine}) + [0]:
+            sel = [r for r in mine if W in (0, r["W"])]
+            errs = [r["step_error"] for r in sel]
+            out.append((label, W, sum(abs(e) <= STEP_GOAL for e in errs), len(sel), statistics.median(errs),
+                        sum(r["collectives_within_goal"][0] for r in sel),
+                        sum(r["collectives_within_goal"][1] for r in sel)))
+    return out
 
 
 def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0,
@@ -354,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
     ap.add_argument("--calibrations", default="idle,busy",
                     help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
-                         "mean compute gap); default both")
+                         "mean compute gap, the asynchronous cells launched together); default both")
     ap.add_argument("--keep", type=Path, help="keep traces and calibrations here (default: a temporary directory)")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--png", help="write the chart here: predicted vs measured step time per case, and each "
@@ -448,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} {c['measured_s'] * 1e3:8.3f} / "
                   f"{c['predicted_s'] * 1e3:8.3f} {c['error']:+7.1%}   blocked {c['measured_blocked_s'] * 1e3:7.3f} / "
                   f"{c['predicted_blocked_s'] * 1e3:7.3f}{net}")
+    print("\nper calibration and W: steps within the goal, median step error, collective rows within the goal")
+    for label, W, within, n, med, cw, cn in summary_by_world(rows):
+        print(f"  {label:<5} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
+              f"{cw:>3}/{cn}")
     total = time.perf_counter() - t_start
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
     report = {"benchmark": "sim_validation", "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()},

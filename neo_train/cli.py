@@ -222,11 +222,9 @@ _PLAN_ERROR = "error: "
 
 def _auto_plan(cfg, world_size: int, local_world_size: int, device: str, quiet: bool = False):
     from .planning.planner import PlannerOptions, plan_sharding
-    from .topology.spec import cluster_spec
+    from .topology.networks import job_cluster
 
-    topo = cfg.dist.topology or ("cpu_local" if device == "cpu" else "zionex")
-    cluster = cluster_spec(topo)
-    cluster = cluster.replace(nodes=world_size // local_world_size, devices_per_node=local_world_size)
+    cluster = job_cluster(cfg.dist.topology, world_size, local_world_size, device)
     opts = PlannerOptions(
         batch_size=cfg.train.batch_size, optimizer=cfg.train.sparse_optimizer, dense_optimizer=cfg.train.dense_optimizer,
         fwd_comm_dtype=cfg.dist.forward_comm_dtype, bwd_comm_dtype=cfg.dist.backward_comm_dtype,

@@ -354,6 +354,54 @@ def test_measure_collectives_overlaps_each_kind_as_given():
             parse_overlaps(bad)
 
 
+def _logged_measure_body(comm):
+    """A busy all-to-all calibration on this rank, logging in order its barriers, its all-to-all
+    calls (group size, async) and its compute bursts (seconds)."""
+    from neo_train.comm.native import NativeCommunicator
+    from neo_train.topology import calibrate
+
+    log: list[tuple] = []
+    busy, barrier, a2a = calibrate._busy, NativeCommunicator.barrier, NativeCommunicator.all_to_all_v
+
+    def logged_busy(work, seconds):
+        log.append(("busy", seconds))
+        busy(work, seconds)
+
+    def logged_barrier(self):
+        log.append(("barrier",))
+        barrier(self)
+
+    def logged_a2a(self, *args, async_op=False, **kw):
+        log.append(("all_to_allv", self.world_size, async_op))
+        return a2a(self, *args, async_op=async_op, **kw)
+
+    calibrate._busy = logged_busy
+    NativeCommunicator.barrier, NativeCommunicator.all_to_all_v = logged_barrier, logged_a2a
+    calibrate.measure_collectives(comm, sizes=[16], kinds=("all_to_allv",), iters=2, warmup=1, busy_s=1e-4,
+                                  overlap_s=1e-4)
+    return log
+
+
+def test_a_busy_calibration_launches_each_async_cell_together_and_overlaps_it_alike():
+    """Training's ranks leave a collective together and compute alike while the next is in flight,
+    so the calibration's asynchronous cells do too: every launch follows a barrier, and the compute
+    between launch and wait is the same draw on every rank. Three ranks, groups of 2 and 3: rank 2,
+    outside the group of 2, still draws for its cells, so the group of 3's draws stay the same."""
+    from neo_train.testing import run_ranks
+
+    logs = run_ranks(_logged_measure_body, 3)
+    overlaps = {}
+    for rank, log in enumerate(logs):
+        launches = [i for i, e in enumerate(log) if e[0] == "all_to_allv" and e[2]]
+        assert len(launches) == 3 * (2 if rank < 2 else 1)  # (warm-up + iterations) x this rank's groups
+        assert all(log[i - 1] == ("barrier",) and log[i + 1][0] == "busy" for i in launches), rank
+        overlaps[rank] = [log[i + 1][1] for i in launches if log[i][1] == 3]
+    assert overlaps[0] == overlaps[1] == overlaps[2] and len(set(overlaps[0])) == 3
+    # the skew before each blocking call stays each rank's own
+    first = [next(e[1] for e in log if e[0] == "busy") for log in logs]
+    assert len(set(first)) == 3
+
+
 def test_a_call_costs_its_ranks_mean_return_after_the_last_call():
     """The simulator starts a collective at its last rank's call and resumes every rank at its end,
     and a step is the sum of its calls: a call's cost is the mean over ranks of (return - last
@@ -548,6 +596,15 @@ def test_benchmark_chart_from_a_report(tmp_path):
         sv.write_png(str(png), json.loads(json.dumps(rep)))  # as read back from --json
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, name
     assert sv.steady_collectives(rows[0]["collectives"], 10) == rows[0]["collectives"][:2]
+    # the printout's summary per calibration and W (0: all): steps within 15 %, cases, median step
+    # error, collective rows within 25 % of those every step runs (a NaN error is not within)
+    summary = {(c, W): rest for c, W, *rest in sv.summary_by_world(rows)}
+    assert list(summary) == [("idle", 2), ("idle", 3), ("idle", 4), ("idle", 0), ("busy", 2), ("busy", 3),
+                             ("busy", 4), ("busy", 0)]
+    assert summary[("idle", 2)] == [1, 2, pytest.approx(-0.175), 1, 2]
+    assert summary[("idle", 0)] == [1, 4, pytest.approx(-0.225), 2, 6]
+    assert summary[("busy", 3)] == [1, 1, pytest.approx(0.0), 0, 2]
+    assert summary[("busy", 0)] == [4, 4, pytest.approx(-0.025), 2, 6]
 
 
 def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):

@@ -46,12 +46,17 @@ host a call's time has a long tail, which a median leaves out). *idle*: each cal
 its asynchronous collectives (the output dist, DDP's buckets), the same collective launched
 asynchronously, the ranks computing on while it progresses, then waited for: on a host whose cores
 the ranks' compute holds, the transport's threads wait for a core, which a collective the ranks
-wait in does not see. Its cost is fitted separately (``Calibration.async_kinds``): the duration D
-for which the simulator's rule for an asynchronous collective (it ends D after the last rank's
-launch returned; a rank's wait returns at the later of its start and that end) gives the
-measured mean return. Only the ``Communicator`` interface is used, so the same code calibrates
-gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is read after the
-collective, which synchronises the stream).
+wait in does not see. The ranks launch it together (a barrier first) and compute equally long
+(the same draw on every rank) before they wait, because training's ranks leave the previous
+collective together and compute alike while theirs is in flight; launched apart and drawn apart,
+the first rank to wait frees its core for the transport while the others still compute, and on a
+host with more ranks than cores the collective looks shorter than it is in training
+(notes/sim_validation.md, 2026-11-24, morning). Its cost is fitted separately
+(``Calibration.async_kinds``): the duration D for which the simulator's rule for an asynchronous
+collective (it ends D after the last rank's launch returned; a rank's wait returns at the later
+of its start and that end) gives the measured mean return. Only the ``Communicator`` interface is
+used, so the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the
+result is read after the collective, which synchronises the stream).
 """
 from __future__ import annotations
 
@@ -479,8 +484,9 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     U(0, 2) before they wait (``async`` samples, seconds from ``_async_seconds``): the mean compute
     a run does while its asynchronous collectives are in flight (default ``busy_s`` / 2), or per
     kind (a mapping, ``trace_input.trace_duties``: DDP's buckets overlap a backward, the ids a
-    forward; kinds it lacks take the mean of its values). Times are on the wall clock (one host,
-    or synchronised clocks)."""
+    forward; kinds it lacks take the mean of its values). Every rank launches it after a barrier
+    and draws the same overlap (the module docstring says why). Times are on the wall clock (one
+    host, or synchronised clocks)."""
     import random
 
     import torch
@@ -524,7 +530,8 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                                                                                     tag="calibrate")
         else:
             raise ValueError(f"measure_collectives: unknown kind {k!r} (known: {KINDS})")
-    rng = random.Random(seed * 1000 + rank)
+    rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
+    rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
     work = torch.randn(96, 96, device=device)
     # per cell and iteration, wall-clock ns: a blocking call and its return; with busy_s an
     # asynchronous launch's return, the start of its wait and the wait's return
@@ -542,10 +549,14 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                 t[1, c, it] = time.time_ns()
             if busy_s > 0:
                 _busy(work, busy_s * rng.uniform(0.5, 1.5))
+                # launched together and overlapped alike, as training's ranks, which leave their previous
+                # collective together; every rank draws, in the group or not, so the draws stay the same
+                comm.barrier()
+                overlap = overlap_of[cell[0]] * rng_overlap.uniform(0.0, 2.0)
                 if op is not None:
                     handle = op(True)
                     t[2, c, it] = time.time_ns()  # launched: the simulator starts it once the last rank is here
-                    _busy(work, overlap_of[cell[0]] * rng.uniform(0.0, 2.0))
+                    _busy(work, overlap)
                     t[3, c, it] = time.time_ns()
                     _synchronised(handle.wait())
                     t[4, c, it] = time.time_ns()
