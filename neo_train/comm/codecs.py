@@ -31,6 +31,7 @@ ignore the rows there.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -146,7 +147,10 @@ def _row_extremes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.amin(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)
 
 
-_FP8_TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+@functools.lru_cache(maxsize=1)
+def _e4m3_values() -> torch.Tensor:
+    """The 256 float8_e4m3fn values as float32 (CPU), by torch's own conversion."""
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
 
 def _fp8_to_float(payload: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
@@ -155,11 +159,8 @@ def _fp8_to_float(payload: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     ms. e5m2 (a truncated float16) and GPUs convert directly."""
     if payload.device.type != "cpu" or fmt != torch.float8_e4m3fn:
         return payload.view(fmt).float()
-    key = (fmt, payload.device)
-    if key not in _FP8_TABLES:
-        _FP8_TABLES[key] = torch.arange(256, dtype=torch.uint8).view(fmt).float()
     flat = payload.reshape(-1).to(torch.int32)  # index_select takes int32 indices; int64 would cost 8x the bytes
-    return _FP8_TABLES[key].index_select(0, flat).view(payload.shape)
+    return _e4m3_values().index_select(0, flat).view(payload.shape)
 
 
 class Fp8Codec(_RowCodec):

@@ -146,13 +146,16 @@ def replica_work_bytes(k_touched_all: float, touched: float, dim: int, optimizer
 
 def exchange_seconds(nbytes: float, cluster: Any) -> float:
     """Seconds to send ``nbytes`` from one rank, spread evenly over its W - 1 peers, every rank
-    sending at once (an all-to-all or all-gather): the peers in its node over the intra-node link,
-    the others over its share of the NIC, the two in parallel (as ``cost_formulas.a2a_time``)."""
+    sending at once (an all-to-all or all-gather): ``cost_formulas.a2a_time`` of that symmetric
+    exchange, its latency left out (the peers in its node over the intra-node link, the others
+    over its share of the NIC, the two in parallel)."""
+    from .cost_formulas import a2a_time
+
     W, G = cluster.world_size, cluster.devices_per_node
     if W <= 1 or nbytes <= 0:
         return 0.0
-    per_peer = nbytes / (W - 1)
-    return max((G - 1) * per_peer / cluster.intra_node_bandwidth, (W - G) * per_peer / cluster.inter_node_bandwidth_per_device)
+    per_peer = nbytes / (W - 1)  # every rank alike: its node sends G x that, the world W x
+    return float(a2a_time(per_peer, G * per_peer, W * per_peer, cluster, rounds=0))
 
 
 REPLICA_ROUNDS = 2  # collectives a step of replication adds: the touched-row counts, then the rows (or one all-reduce)
@@ -242,10 +245,10 @@ def choose_hot_rows(cfg: Any, plan: Any, world_size: int, setting: str | int, cl
         return {}
     if cluster is not None and cluster.world_size != world_size:
         raise ValueError(f"choose_hot_rows: the cluster has {cluster.world_size} devices, the job {world_size} ranks")
-    window = max(1, int(getattr(getattr(cfg, "dist", None), "hot_rows_window", 1) or 1))
     fixed = None if str(setting) == "auto" else int(setting)
     W, b = world_size, cfg.train.batch_size
     dist = getattr(cfg, "dist", None)
+    window = max(1, int(getattr(dist, "hot_rows_window", 1) or 1))
     v_fwd = COMM_DTYPES.get(getattr(dist, "forward_comm_dtype", "fp32") or "fp32", 4)
     v_bwd = COMM_DTYPES.get(getattr(dist, "backward_comm_dtype", "fp32") or "fp32", 4)
     out: dict[str, HotRowChoice] = {}
