@@ -163,11 +163,11 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
     """``neo-train simulate --trace --calibration``'s computation on one recorded case."""
     from neo_train.topology.simulator import simulate
     from neo_train.topology.trace_input import load_trace, timeline_phases, trace_transports
-    from neo_train.topology.trace_sim import calibrated_collectives, validate_timeline
+    from neo_train.topology.trace_sim import calibrated_collectives, calibrated_return_lags, validate_timeline
 
     traces = load_trace(case["trace"])
     cal.check_for(case["W"], trace_transports(traces), f"trace {case['trace']}")
-    tl = timeline_phases(traces, calibrated_collectives(cal))
+    tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal))
     t1 = time.perf_counter()
     res = simulate(tl.phases, cal.network())
     sim_s = time.perf_counter() - t1

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from neo_train.topology.calibrate import (
-    FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _unit_time, fabric_comm,
-    fit_calibration, nnls,
+    FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _return_spread, _unit_time,
+    fabric_comm, fit_calibration, nnls,
 )
 from neo_train.topology.simulator import simulate
 from neo_train.topology.trace_input import load_trace, rank_timelines, timeline_phases
-from neo_train.topology.trace_sim import calibrated_collectives, validate_timeline
+from neo_train.topology.trace_sim import calibrated_collectives, calibrated_return_lags, validate_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 MS = 1_000_000  # ns
@@ -441,8 +441,93 @@ def test_an_async_collective_lasts_what_makes_the_waits_return_when_they_did():
     D = 3 * MS
     wait = np.array([[2, 20], [3, 12]]) * MS  # rank 0's second wait starts after the end (14 ms)
     ret = np.maximum(wait, launch.max(axis=0) + D)
-    assert _async_seconds(launch, wait, ret) * 1e3 == pytest.approx(3.0)
-    assert _async_seconds(launch, wait, wait) == 0.0  # every wait returned at once: nothing to wait for
+    d, spread = _async_seconds(launch, wait, ret)
+    assert (d * 1e3, spread) == pytest.approx((3.0, 0.0))
+    assert _async_seconds(launch, wait, wait) == (0.0, 0.0)  # every wait returned at once: nothing to wait for
+
+
+def test_the_ranks_waiting_for_a_collective_return_apart():
+    """A blocking cell: its first rank returns 1 ms after the last call, the other 2 ms later in
+    one iteration and at once in the other: first 1 ms, spread (0 + 2 + 0 + 0) / 4 = 0.5 ms, and
+    first + spread is the cell's mean cost. An asynchronous cell: the waits that blocked return
+    apart (rank 1 2 ms after rank 0), so D ends with the first of them; a wait that began after
+    the end (rank 0, second iteration) blocked for nothing and has no lag."""
+    call = np.array([[0, 10], [2, 12]]) * MS
+    ret = np.array([[3, 13], [5, 13]]) * MS
+    first, spread = _return_spread(call, ret)
+    assert (first * 1e3, spread * 1e3) == pytest.approx((1.0, 0.5))
+    assert first + spread == pytest.approx(_call_seconds(call, ret).mean())
+    launch = np.array([[0, 10], [1, 11]]) * MS
+    wait = np.array([[2, 20], [2, 12]]) * MS
+    ret = np.array([[4, 20], [6, 14]]) * MS  # ends at 4 and 14 ms (D = 3 ms); rank 1 lags 2 ms in the first
+    d, spread = _async_seconds(launch, wait, ret)
+    assert d * 1e3 == pytest.approx(3.0)
+    assert spread * 1e3 == pytest.approx((0 + 2 + 0) / 3)  # over the three waits that blocked
+
+
+def test_the_fit_takes_the_first_return_and_keeps_the_spread_beside_it():
+    """Cells with first_s / spread_s: alpha is fitted to the first return, the spread kept per group
+    size (the mean over the cells); without them (files before) alpha is the mean return and the
+    ranks return together. The file keeps the spread; a malformed one is named."""
+    def first(k, g, b):  # alpha 1 ms per rank of the group, the shared fabric at 1 GB/s
+        return 1e-3 * g + _unit_time(k, g, b, "shared") / 1e9
+
+    rows = [{"kind": k, "group": g, "bytes": b, "seconds": first(k, g, b) + 3e-3, "first_s": first(k, g, b),
+             "spread_s": 3e-3 if g == 2 else 2e-3} for k in ("all_to_allv", "all_reduce") for g in (2, 3)
+            for b in (1 << 10, 1 << 20, 8 << 20)]
+    cal = fit_calibration(rows, world_size=3, transport="gloo", device="cpu")
+    f = cal.kinds["all_to_allv"]
+    assert f.latency_s == pytest.approx({2: 2e-3, 3: 3e-3}, rel=1e-3)
+    assert f.spread_s == pytest.approx({2: 3e-3, 3: 2e-3})
+    assert cal.spread("all_to_allv", 2) == pytest.approx(3e-3) and cal.spread("barrier", 2) == 0.0
+    old = fit_calibration([{k: v for k, v in r.items() if k not in ("first_s", "spread_s")} for r in rows],
+                          world_size=3, transport="gloo", device="cpu")
+    assert old.kinds["all_to_allv"].latency_s == pytest.approx({2: 5e-3, 3: 6e-3}, rel=1e-3)
+    assert old.spread("all_to_allv", 2) == 0.0
+    data = json.loads(json.dumps(cal.to_dict()))
+    assert Calibration.from_dict(data).kinds == cal.kinds
+    data["kinds"]["all_to_allv"]["spread_s"] = {"1": 1e-3}
+    with pytest.raises(CalibrationError, match=r"kinds\.all_to_allv\.spread_s"):
+        Calibration.from_dict(data, "c.json")
+
+
+def test_each_rank_resumes_at_the_end_plus_its_own_lag(tmp_path):
+    """The hand-made trace with a spread of 1 ms per collective: per collective one rank resumes at
+    its end and the other after its drawn lag (the same draws for the same seed); every blocking
+    call and wait resumes at the later of its arrival and the end plus its lag. Over many
+    collectives the lags have mean spread * g / (g - 1) on the ranks that lag, one rank per
+    collective none: the mean over the ranks is the spread."""
+    cal = _cal()
+    for fits in (cal.kinds,):
+        for k, f in list(fits.items()):
+            fits[k] = KindFit(f.latency_s, f.seconds_per_byte, f.byte_factor, spread_s={2: 1e-3})
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    plain = timeline_phases(traces, calibrated_collectives(cal))
+    tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal, seed=3))
+    again = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal, seed=3))
+    assert [(p.name, p.seconds) for p in tl.phases if p.name.startswith("lag:")] == [
+        (p.name, p.seconds) for p in again.phases if p.name.startswith("lag:")]
+    e0 = {p.name: p.end for p in simulate(plain.phases, cal.network()).phases}
+    e1 = {p.name: p.end for p in simulate(tl.phases, cal.network()).phases}
+    lags = {p.name: p.seconds for p in tl.phases if p.name.startswith("lag:")}
+    assert lags and all(v > 0 for v in lags.values())
+    waited = 0
+    for (rank, order), (before, after) in tl.nodes.items():
+        b = next(b for b in tl.blocks[rank] if b.order == order)
+        if not (b.sync or b.kind == "wait"):
+            continue
+        ends = [e1[tl.comm_end[k]] + lags.get(f"lag:r{rank}:{tl.comm_end[k]}", 0.0) for k in b.colls]
+        assert e1[after] == pytest.approx(max([e1[before]] + ends))  # the later of its arrival and end + lag
+        waited += e1[before] < max(ends)
+    assert waited >= 4
+    assert all(e1[n] >= e0[n] - 1e-12 for n in e0)  # lags only ever delay
+    for key, name in tl.comm_end.items():  # one rank per collective resumes at its end
+        assert sum(f"lag:r{r}:{name}" not in lags for r in (0, 1)) == 1
+    lag_fn = calibrated_return_lags(cal, seed=0)
+    draws = [lag_fn("all_to_allv", [0, 1], {0: {}, 1: {}}) for _ in range(4000)]
+    assert all(min(d.values()) == 0.0 for d in draws)
+    assert np.mean([max(d.values()) for d in draws]) == pytest.approx(2e-3, rel=0.08)  # spread * g / (g - 1)
+    assert np.mean([sum(d.values()) / 2 for d in draws]) == pytest.approx(1e-3, rel=0.08)  # the mean: spread
 
 
 def test_async_collectives_use_the_calibration_for_launched_collectives(tmp_path):

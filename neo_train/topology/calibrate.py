@@ -31,6 +31,15 @@ with non-negative coefficients, reweighted until it settles, so that a cell is c
 (``_fit_kind``; relative to the measured times, the fit was biased towards the fastest cells).
 In the simulator a collective is a ``Compute`` of alpha (it holds no link) followed
 by its ``Comm``, so concurrent collectives share the fabric's bandwidth but not their latencies.
+
+The ranks waiting for a collective do not resume together: on a host with more busy threads than
+cores a rank whose data has arrived waits for a core, and the next collective waits for the last
+of them, which a mean return leaves out (the step was under-predicted in every case,
+notes/sim_validation.md, 2026-11-24, afternoon). So a blocking cell records when its first rank
+returned (``first_s``, after the last rank's call) and the mean over its ranks of their return
+after that first one (``spread_s``); an asynchronous cell, the same over the waits that blocked.
+alpha (D) is fitted to the first return and ``KindFit.spread_s`` keeps the mean lag per group
+size; the simulator draws each rank's lag around it (``trace_sim.calibrated_return_lags``).
 A busy calibration also fits the collectives launched asynchronously while the ranks compute
 (``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
 simulator uses them for the trace's asynchronous collectives.
@@ -103,6 +112,11 @@ class KindFit:
     rms_rel_err: float = 0.0
     max_rel_err: float = 0.0
     samples: int = 0
+    spread_s: dict[int, float] = field(default_factory=dict)
+    """Per group size: the mean over the ranks that waited for the collective (in a blocking call,
+    or a wait that blocked) of how long after the first of them each returned; alpha is then
+    fitted to that first return. Empty: they return together, alpha fitted to their mean return
+    (files written before the spread was measured). See the module docstring."""
 
 
 # ---- collectives on the calibrated fabric ----------------------------------------------------------
@@ -208,6 +222,9 @@ def nnls(A: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
 
 
 IRLS_ITERS = 20
+BLOCKED_NS = 20_000
+"""A wait that returned later than this after it began blocked for its collective (one that found
+it done returns in a few microseconds)."""
 
 
 def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
@@ -219,7 +236,9 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     few iterations with a long tail, so that bias under-predicted every collective."""
     groups = sorted({int(r["group"]) for r in rows})
     col = {g: i for i, g in enumerate(groups)}
-    t = np.array([float(r["seconds"]) for r in rows])
+    # a blocking call's ranks return apart: fit when the first returned, and the others' lag beside it
+    spread = all("spread_s" in r and (r.get("async") or "first_s" in r) for r in rows)
+    t = np.array([max(float(r["first_s"] if spread and not r.get("async") else r["seconds"]), 1e-7) for r in rows])
     A = np.zeros((len(rows), len(groups) + 1))
     for i, r in enumerate(rows):
         A[i, col[int(r["group"])]] = 1.0
@@ -233,9 +252,12 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
         coef = new
         if done:
             break
-    rel = (A @ coef - t) / t
+    p = A @ coef
+    rel = (p - t) / np.maximum(t, p)  # relative to the larger: an asynchronous cell's D may be 0
+    lags = {g: float(np.mean([float(r["spread_s"]) for r in rows if int(r["group"]) == g])) for g in groups} if spread \
+        else {}
     return KindFit({g: float(coef[col[g]]) for g in groups}, float(coef[-1]), 1.0,
-                   float(np.sqrt(np.mean(rel ** 2))), float(np.abs(rel).max()), len(rows))
+                   float(np.sqrt(np.mean(rel ** 2))), float(np.abs(rel).max()), len(rows), lags)
 
 
 def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, transport: str, device: str,
@@ -295,7 +317,7 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
 def _relative(f: KindFit, beta_ref: float) -> KindFit:
     """``f`` with its byte factor: its beta relative to the all-to-all's (the fabric's 1 / C)."""
     return KindFit(f.latency_s, f.seconds_per_byte, f.seconds_per_byte / beta_ref, f.rms_rel_err, f.max_rel_err,
-                   f.samples)
+                   f.samples, f.spread_s)
 
 
 # ---- the calibration --------------------------------------------------------------------------------
@@ -354,6 +376,14 @@ class Calibration:
             raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
                                    f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
         return fit.latency_s[group_size]
+
+    def spread(self, kind: str, group_size: int, async_op: bool = False) -> float:
+        """``KindFit.spread_s``: the mean lag of the ranks waiting for a collective behind the first
+        of them to return (0: they return together, as in calibrations before the spread was
+        measured, and for a barrier)."""
+        if group_size < 2 or kind == "barrier":
+            return 0.0
+        return self.fit_for(kind, async_op).spread_s.get(group_size, 0.0)
 
     def comm(self, kind: str, group: Sequence[int], sizes: Any, *, name: str, after: Sequence[str] = (),
              async_op: bool = False) -> Comm:
@@ -454,10 +484,15 @@ class Calibration:
                     if not str(g).isdecimal() or int(g) < 2:
                         raise CalibrationError(f"{where}: field '{key}.{k}.latency_s' has group size {g!r} (need >= 2)")
                     lat[int(g)] = num(a, f"{key}.{k}.latency_s.{g}")
+                lag = f.get("spread_s") or {}  # absent in files written before the spread was measured
+                if not isinstance(lag, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in lag):
+                    raise CalibrationError(f"{where}: field '{key}.{k}.spread_s' must be an object "
+                                           f"{{group size >= 2: seconds}}, got {lag!r}")
                 out[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"{key}.{k}.seconds_per_byte"),
                                  num(f.get("byte_factor"), f"{key}.{k}.byte_factor"),
                                  float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
-                                 int(f.get("samples") or 0))
+                                 int(f.get("samples") or 0),
+                                 {int(g): num(v, f"{key}.{k}.spread_s.{g}") for g, v in lag.items()})
             return out
 
         return cls(data["transport"], data["device"], W, data["fabric"], bw, fits(kinds_raw, "kinds"),
@@ -472,8 +507,10 @@ class Calibration:
         for mode, fits in (("", self.kinds), (" async", self.async_kinds)):
             for k, f in fits.items():
                 lat = ", ".join(f"g={g}: {a * 1e6:.0f} us" for g, a in sorted(f.latency_s.items()))
+                lag = (f"; ranks return {', '.join(f'{v * 1e6:.0f}' for _, v in sorted(f.spread_s.items()))} us after "
+                       f"the first" if f.spread_s else "")
                 lines.append(f"  {k + mode:<21} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms "
-                             f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples")
+                             f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples{lag}")
         return "\n".join(lines)
 
 
@@ -481,7 +518,9 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
     """Per-kind fits as the file stores them."""
     return {k: {"latency_s": {str(g): a for g, a in sorted(f.latency_s.items())},
                 "seconds_per_byte": f.seconds_per_byte, "byte_factor": f.byte_factor, "rms_rel_err": f.rms_rel_err,
-                "max_rel_err": f.max_rel_err, "samples": f.samples} for k, f in fits.items()}
+                "max_rel_err": f.max_rel_err, "samples": f.samples}
+            | ({"spread_s": {str(g): v for g, v in sorted(f.spread_s.items())}} if f.spread_s else {})
+            for k, f in fits.items()}
 
 
 # ---- measuring (on every rank of a job) ------------------------------------------------------------
@@ -588,11 +627,12 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
         base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k]}
+        first, spread = _return_spread(mine_g[:, 0], mine_g[:, 1])
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
-                           "p75": float(q[2])})
+                           "p75": float(q[2]), "first_s": first, "spread_s": spread})
         if busy_s > 0:
-            out.append(base | {"seconds": float(max(_async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4]), 1e-7)),
-                               "async": True})
+            d, spread = _async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4])
+            out.append(base | {"seconds": float(max(d, 1e-7)), "spread_s": spread, "async": True})
     return out
 
 
@@ -609,13 +649,31 @@ def _call_seconds(call_ns: np.ndarray, ret_ns: np.ndarray) -> np.ndarray:
     return (ret_ns.mean(axis=0) - call_ns.max(axis=0)) / 1e9
 
 
-def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> float:
-    """The duration D of an asynchronous collective under the simulator's rule (it ends D after the
-    last rank's launch returned; a rank's wait returns at the later of its start and that end)
-    that gives the measured mean return over ranks and iterations. Arrays (ranks, iterations) of wall-clock ns.
-    A wait that began after the collective ended constrains D only from above; the mean return is
-    reached by the other waits (D is 0 when every wait returned at once)."""
+def _return_spread(call_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float]:
+    """(first, spread) of a blocking cell, seconds: the mean over iterations of the first rank's
+    return after the last rank's call, and the mean over ranks and iterations of a rank's return
+    after that first one. Arrays (ranks, iterations) of wall-clock ns. first + spread is the
+    cell's mean (``_call_seconds``)."""
+    first = ret_ns.min(axis=0)
+    return float((first - call_ns.max(axis=0)).mean() / 1e9), float((ret_ns - first).mean() / 1e9)
+
+
+def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float]:
+    """(D, spread) of an asynchronous collective under the simulator's rule: it ends D after the
+    last rank's launch returned, and a rank's wait returns at the later of its start and that end
+    plus the rank's lag. The waits that blocked (returned more than ``BLOCKED_NS`` after they
+    began) return apart, as a blocking call's ranks do: spread is the mean over them of their
+    return after the first of them in the iteration, and D is fitted so that the rule, with each
+    such wait returning with that first one, gives the measured mean return over ranks and
+    iterations. Arrays (ranks, iterations) of wall-clock ns. A wait that began after the
+    collective ended constrains D only from above; the mean return is reached by the other waits
+    (D is 0 when every wait returned at once)."""
     last = launch_ns.max(axis=0)
+    blocked = ret_ns - wait_ns > BLOCKED_NS
+    first = np.where(blocked, ret_ns, np.inf).min(axis=0)
+    lags = np.where(blocked, ret_ns - first, 0.0)
+    spread = float(lags[blocked].mean() / 1e9) if blocked.any() else 0.0
+    ret_ns = ret_ns - lags
     target = float(ret_ns.mean())
 
     def mean_return(d: float) -> float:
@@ -623,11 +681,11 @@ def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarra
 
     lo, hi = 0.0, max(0.0, float((ret_ns - last).max()))
     if mean_return(lo) >= target:
-        return 0.0
+        return 0.0, spread
     for _ in range(60):  # mean_return rises with d: bisection to well under a nanosecond
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if mean_return(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi) / 1e9
+    return 0.5 * (lo + hi) / 1e9, spread
 
 
 def _busy(work: Any, seconds: float) -> None:

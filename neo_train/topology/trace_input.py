@@ -35,8 +35,10 @@ it. A collective starts when the last rank of its group has issued it (a blockin
 finished launching it (an asynchronous one: the launch prepares what is sent, so nothing moves
 before it returns, and a launch that the host slowed delays the peers), after the fixed latency
 the collective factory adds (e.g. a calibration's alpha), so a late rank delays the others
-exactly as in the run. ``rank_timelines`` reads the blocks; a trace without the fields is an
-error naming the file, rank, entry and field.
+exactly as in the run. A rank waiting for a collective (its blocking call, or a wait) resumes at
+its end, or with ``return_lags`` (a calibration's, ``trace_sim.calibrated_return_lags``) at the
+later of its arrival and the end plus its own lag. ``rank_timelines`` reads the blocks; a trace
+without the fields is an error naming the file, rank, entry and field.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives", "trace_duties"]
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "ReturnLags"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -536,6 +538,8 @@ def _duty(traces: Mapping[int, list], warmup_steps: int) -> tuple[list[float], d
 # a collective factory: (kind, group, {rank: entry}, name, after) -> (phases, the phase ranks join on),
 # or None when the collective crosses no network (a group of one rank: its time is the rank's compute)
 CollectiveFactory = Callable[[str, list, Mapping[int, dict], str, tuple], "tuple[list[Phase], str] | None"]
+ReturnLags = Callable[[str, list, Mapping[int, dict]], Mapping[int, float]]
+"""(kind, group, the entries by rank) of a collective -> {rank: seconds it resumes after the end}."""
 
 
 @dataclass
@@ -555,10 +559,15 @@ class Timeline:
     """Keys of the collectives that crossed no network (replayed as compute)."""
 
 
-def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory) -> Timeline:
+def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
+                    return_lags: ReturnLags | None = None) -> Timeline:
     """Per-rank chains joined at collectives (see the module docstring); ``factory`` turns each
-    matched collective into phases (a calibration's latency and fabric transfer, or a topology's)."""
+    matched collective into phases (a calibration's latency and fabric transfer, or a topology's).
+    ``return_lags`` (e.g. ``trace_sim.calibrated_return_lags``): per collective, the seconds each
+    rank resumes after its end when it waited for it, in its blocking call or its wait (default:
+    all at once)."""
     blocks, colls = rank_timelines(traces)
+    lags: dict[tuple, Mapping[int, float]] = {}
     phases: list[Phase] = []
     arrivals: dict[tuple, list[str]] = {}
     world = trace_world_size(traces)
@@ -575,6 +584,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory) -> T
             comm_end[key] = made[1]
             arrivals[key] = []
             phases.extend(made[0])
+            if return_lags is not None:
+                lags[key] = return_lags(kind, group, by_rank)
     nodes: dict[tuple[int, int], tuple[str, str]] = {}
     bounds: dict[int, list] = {}
     for rank, mine in blocks.items():
@@ -589,11 +600,12 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory) -> T
                 phases.append(Compute(c, lead, (c + "a",)))
             else:
                 phases.append(Compute(c, b.compute, prev))
-            joins = tuple(comm_end[k] for k in b.colls if k not in local)
+            waits = b.kind == "wait" or b.sync  # the rank waits here for the collectives' ends
+            joins = tuple(_resume(phases, rank, k, comm_end[k], lags) for k in b.colls if k not in local) if waits else ()
             end = f"r{rank}:b{b.order}"
             if b.kind == "call" and b.colls[0] in local:
                 phases.append(Compute(end, b.blocked, (c,)))  # nothing crossed a network: the rank's work
-            elif b.kind == "call" and b.sync:  # a blocking call ends with its collective
+            elif b.kind == "call" and b.sync:  # a blocking call ends with its collective (and the rank's lag)
                 arrivals[b.colls[0]].append(c)
                 phases.append(Compute(end, 0.0, (c,) + joins))
             elif b.kind == "call":  # an async one launches it: the collective starts once launched
@@ -614,6 +626,17 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory) -> T
         phases[i] = Compute(p.name, p.seconds, tuple(names)) if isinstance(p, Compute) else Comm(
             p.name, p.rounds, tuple(names), p.collective, p.algorithm, p.payload)
     return Timeline(phases, blocks, nodes, bounds, comm_end, colls, local)
+
+
+def _resume(phases: list[Phase], rank: int, key: tuple, comm_end: str, lags: Mapping[tuple, Mapping[int, float]]) -> str:
+    """The node after which ``rank`` can resume from collective ``key``: its end, or a lag after it
+    (the rank returns at the later of its own arrival and the end plus its lag)."""
+    lag = lags.get(key, {}).get(rank, 0.0)
+    if lag <= 0:
+        return comm_end
+    name = f"lag:r{rank}:{comm_end}"
+    phases.append(Compute(name, lag, (comm_end,)))
+    return name
 
 
 def _first_phase(phases: list[Phase], last: str, by_name: Mapping[str, int]) -> str:

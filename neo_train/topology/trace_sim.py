@@ -20,8 +20,9 @@ A trace with neither recorded compute nor ``--compute`` is an error naming its f
 
 Network. ``--calibration FILE`` (``topology.calibrate``): the fabric, per-collective latency and
 byte factors fitted on the recording machine (for asynchronous collectives, the fit of those
-launched while the ranks compute, when the calibration was busy); its world size and transport
-must match the trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs
+launched while the ranks compute, when the calibration was busy), and how far apart the ranks
+waiting for a collective resume (``calibrated_return_lags``, drawn from a fixed seed); its world
+size and transport must match the trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs
 per node = the largest divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU
 topology is one node of 4), nodes = the nodes the ranks fill (Opera: its smallest study layout,
 16 / 128 / 1024, that holds them); an explicit --gpus-per-node must divide the world size and an
@@ -48,7 +49,7 @@ from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, che
                           trace_duties, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
-           "calibrated_collectives", "entry_sizes"]
+           "calibrated_collectives", "calibrated_return_lags", "entry_sizes"]
 
 
 WARMUP_STEPS = 5
@@ -172,6 +173,30 @@ def calibrated_collectives(cal: Calibration):
         return [lat, comm], comm.name
 
     return make
+
+
+def calibrated_return_lags(cal: Calibration, seed: int = 0):
+    """A ``timeline_phases`` ``return_lags`` from the calibration's spread: the ranks that wait for
+    a collective (in a blocking call, or a wait that blocks) do not resume together. It ends when
+    the first of them returns (alpha, or an asynchronous collective's D, is fitted to that); one
+    rank, drawn at random, resumes then, and each other after an exponential lag of mean
+    ``spread * g / (g - 1)``, so the mean return over the ranks is the calibrated cell's while the
+    last one, which the next collective waits for, is as late as on the host. A rank that reaches
+    its wait after the end plus its lag resumes at once. Draws from ``seed``, in the trace's order
+    of collectives: the same trace and seed give the same timeline."""
+    rng = np.random.default_rng(seed)
+
+    def lags(kind: str, group: list, by_rank: Mapping[int, dict]) -> dict[int, float]:
+        g = len(group)
+        asy = bool(by_rank[min(by_rank)].get("async"))
+        m = cal.spread("all_to_allv" if kind == "all_to_all" else kind, g, asy) if g >= 2 else 0.0
+        if m <= 0:
+            return {}
+        out = dict(zip(group, rng.exponential(m * g / (g - 1), g).tolist()))
+        out[group[int(rng.integers(g))]] = 0.0
+        return out
+
+    return lags
 
 
 @dataclass
@@ -314,11 +339,13 @@ def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_
     """(measured, predicted) seconds from the last rank's call (an asynchronous collective: the
     last rank's launch returning, where the simulator starts it) to the collective's end: in the
     run, the mean over its ranks of their return (a blocking call) or completion (joined by a
-    backward), on the wall clock (``startTime_ns``: one host); in the simulation, its Comm's end.
+    backward), on the wall clock (``startTime_ns``: one host); in the simulation, likewise the mean
+    over its ranks of their resumption (a blocking call's ranks lag its Comm's end by their return
+    lags) or its Comm's end.
     The part of 'took' that is the collective itself rather than waiting for late ranks: it tells
     the network model's error from the schedule's. None when the run does not show it (an async
     collective joined by a wait: its completion is not recorded)."""
-    starts, dones, arrive = [], [], []
+    starts, dones, arrive, resume = [], [], [], []
     for rank, e in by_rank.items():
         c = call_of.get((rank, key))
         if c is None or c.step not in steady or e.get("startTime_ns") is None or e.get("duration_ns") is None:
@@ -328,9 +355,10 @@ def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_
         starts.append(e["startTime_ns"] + (0 if c.sync else e["call_ns"]))
         dones.append(e["startTime_ns"] + (e["call_ns"] if c.sync else e["duration_ns"]))
         arrive.append((start_pred if c.sync else end_pred)[(rank, c.order)])
+        resume.append(end_pred[(rank, c.order)] if c.sync else comm_end)
     if len(starts) < 2:
         return None
-    return (statistics.fmean(dones) - max(starts)) / 1e9, comm_end - max(arrive)
+    return (statistics.fmean(dones) - max(starts)) / 1e9, statistics.fmean(resume) - max(arrive)
 
 
 def _comm_only(res: SimResult) -> SimResult:
@@ -409,7 +437,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
             print(f"duty: {gap * 1e3:.2f} ms of compute between blocking intervals, {overlap * 1e3:.2f} ms while an "
                   f"asynchronous collective is in flight (a calibration for this trace: neo-train calibrate --nproc "
                   f"{world} --busy-ms {gap * 1e3:.2f} --overlap-ms {kinds} --out FILE)")
-        tl = timeline_phases(traces, factory)
+        tl = timeline_phases(traces, factory, calibrated_return_lags(cal) if cal is not None else None)
         res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
         val = validate_timeline(tl, res, warmup)
         if val.steady():
