@@ -44,7 +44,11 @@ For each world size W (gloo ranks on this host, one torch thread each):
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
    collective starting when the last rank of its group issues it, taking alpha + its bytes on
-   the calibrated fabric (an asynchronous one: the busy calibration's asynchronous fit).
+   the calibrated fabric (an asynchronous one: the busy calibration's asynchronous fit), and the
+   ranks that waited for it resuming apart by the calibration's spread
+   (``trace_sim.calibrated_return_lags``). The baseline, printed in the summary as "together":
+   the same calibration refitted to the ranks' mean return, every rank resuming at the end (the
+   model until 2026-11-24, afternoon).
 
 Measured step time: per step, the span from the trainer's step mark to the next, mean over ranks;
 the median over the steps after --warmup (default 4). Predicted: the same spans in the simulated
@@ -185,6 +189,16 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
             "collectives_within_goal": [within, len(steady)],
             "step_ok": abs(s["step_error"]) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL,
             "sim_wall_s": sim_s, "phases": len(tl.phases), "per_step": val.steps}
+
+
+def ranks_together(cal):
+    """``cal`` refitted as before return lags: alpha (D) to the ranks' mean return, every rank
+    resuming at the collective's end (the baseline the benchmark reports beside it)."""
+    from neo_train.topology.calibrate import fit_calibration
+
+    samples = [{k: v for k, v in s.items() if k not in ("first_s", "spread_s")} for s in cal.samples]
+    return fit_calibration(samples, world_size=cal.world_size, transport=cal.transport, device=cal.device,
+                           meta=cal.meta)
 
 
 def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, int, float, int, int]]:
@@ -416,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{iters} iterations; files in {workdir}", flush=True)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
+    baseline: list[dict[str, Any]] = []  # the same calibrations with the ranks resuming together
     cals: dict[str, Any] = {}
     for W in sorted({c[0] for c in cases}):
         # record this W's runs, then calibrate its transport: idle, and busy at the runs' duty cycle
@@ -437,10 +452,12 @@ def main(argv: list[str] | None = None) -> int:
             shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
             busy = f", compute bursts {gap * 1e3:.2f} ms, overlap {shown}" if name == "busy" else ""
             print(f"[{name}{busy}] {cal.table()}", flush=True)
+            together = ranks_together(cal)
             for c in cases_w:
                 row = dict(c, calibration=name, busy_s=gap if name == "busy" else 0.0,
                            overlap_s=(by_kind or overlap) if name == "busy" else 0.0) | predict(c, cal, warmup)
                 rows.append(row)
+                baseline.append(dict(row, calibration=f"{name}, together") | predict(c, together, warmup))
                 print(f"W={W} {c['plan']:<5} {c['mode']:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
                       f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}); worst collective "
                       f"{row['worst_collective_error']:6.1%}", flush=True)
@@ -467,9 +484,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} {c['measured_s'] * 1e3:8.3f} / "
                   f"{c['predicted_s'] * 1e3:8.3f} {c['error']:+7.1%}   blocked {c['measured_blocked_s'] * 1e3:7.3f} / "
                   f"{c['predicted_blocked_s'] * 1e3:7.3f}{net}")
-    print("\nper calibration and W: steps within the goal, median step error, collective rows within the goal")
-    for label, W, within, n, med, cw, cn in summary_by_world(rows):
-        print(f"  {label:<5} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
+    print("\nper calibration and W: steps within the goal, median step error, collective rows within the goal "
+          "('together': the same calibration without return lags, the ranks resuming together)")
+    for label, W, within, n, med, cw, cn in summary_by_world(rows + baseline):
+        print(f"  {label:<14} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
               f"{cw:>3}/{cn}")
     total = time.perf_counter() - t_start
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
@@ -478,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
                        "iters": iters, "sizes": sizes, "quick": args.quick},
               "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
-              "rows": rows, "seconds": total}
+              "rows": rows, "baseline_rows": baseline, "seconds": total}
     write_outputs(report, args.json, args.png, write_png)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

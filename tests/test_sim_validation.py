@@ -441,17 +441,18 @@ def test_an_async_collective_lasts_what_makes_the_waits_return_when_they_did():
     D = 3 * MS
     wait = np.array([[2, 20], [3, 12]]) * MS  # rank 0's second wait starts after the end (14 ms)
     ret = np.maximum(wait, launch.max(axis=0) + D)
-    d, spread = _async_seconds(launch, wait, ret)
-    assert (d * 1e3, spread) == pytest.approx((3.0, 0.0))
-    assert _async_seconds(launch, wait, wait) == (0.0, 0.0)  # every wait returned at once: nothing to wait for
+    d, first, spread = _async_seconds(launch, wait, ret)
+    assert (d * 1e3, first * 1e3, spread) == pytest.approx((3.0, 3.0, 0.0))
+    assert _async_seconds(launch, wait, wait) == (0.0, 0.0, 0.0)  # every wait returned at once: nothing to wait for
 
 
 def test_the_ranks_waiting_for_a_collective_return_apart():
     """A blocking cell: its first rank returns 1 ms after the last call, the other 2 ms later in
     one iteration and at once in the other: first 1 ms, spread (0 + 2 + 0 + 0) / 4 = 0.5 ms, and
     first + spread is the cell's mean cost. An asynchronous cell: the waits that blocked return
-    apart (rank 1 2 ms after rank 0), so D ends with the first of them; a wait that began after
-    the end (rank 0, second iteration) blocked for nothing and has no lag."""
+    apart (rank 1 2 ms after rank 0), so ``first`` ends with the first of them; a wait that began
+    after the end (rank 0, second iteration) blocked for nothing and has no lag; D is still what
+    gives the mean return with the ranks resuming together."""
     call = np.array([[0, 10], [2, 12]]) * MS
     ret = np.array([[3, 13], [5, 13]]) * MS
     first, spread = _return_spread(call, ret)
@@ -460,9 +461,10 @@ def test_the_ranks_waiting_for_a_collective_return_apart():
     launch = np.array([[0, 10], [1, 11]]) * MS
     wait = np.array([[2, 20], [2, 12]]) * MS
     ret = np.array([[4, 20], [6, 14]]) * MS  # ends at 4 and 14 ms (D = 3 ms); rank 1 lags 2 ms in the first
-    d, spread = _async_seconds(launch, wait, ret)
-    assert d * 1e3 == pytest.approx(3.0)
+    d, first, spread = _async_seconds(launch, wait, ret)
+    assert first * 1e3 == pytest.approx(3.0)
     assert spread * 1e3 == pytest.approx((0 + 2 + 0) / 3)  # over the three waits that blocked
+    assert d * 1e3 == pytest.approx(11 / 3)  # mean return 11 ms (4, 20, 6, 14) with the ranks resuming together
 
 
 def test_the_fit_takes_the_first_return_and_keeps_the_spread_beside_it():
@@ -644,6 +646,12 @@ def test_benchmark_quick(tmp_path):
         assert r["collectives"] and r["steady_steps"] > 0
     assert set(report["calibrations"]) >= {"2:idle", "4:idle"}
     assert report["calibrations"]["2:idle"]["format"] == FORMAT
+    # the baseline: each case again, the same calibration without return lags
+    base = {(r["W"], r["plan"], r["mode"], r["calibration"]): r for r in report["baseline_rows"]}
+    for r in report["rows"]:
+        b = base[(r["W"], r["plan"], r["mode"], r["calibration"] + ", together")]
+        assert b["measured_step_ms"] == r["measured_step_ms"] and b["predicted_step_ms"] > 0
+    assert "together" in proc.stdout
 
 
 def _sim_validation():

@@ -40,6 +40,8 @@ returned (``first_s``, after the last rank's call) and the mean over its ranks o
 after that first one (``spread_s``); an asynchronous cell, the same over the waits that blocked.
 alpha (D) is fitted to the first return and ``KindFit.spread_s`` keeps the mean lag per group
 size; the simulator draws each rank's lag around it (``trace_sim.calibrated_return_lags``).
+``seconds`` stays the mean return (the ranks resuming together), which a file without the spread
+is fitted to.
 A busy calibration also fits the collectives launched asynchronously while the ranks compute
 (``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
 simulator uses them for the trace's asynchronous collectives.
@@ -237,8 +239,8 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     groups = sorted({int(r["group"]) for r in rows})
     col = {g: i for i, g in enumerate(groups)}
     # a blocking call's ranks return apart: fit when the first returned, and the others' lag beside it
-    spread = all("spread_s" in r and (r.get("async") or "first_s" in r) for r in rows)
-    t = np.array([max(float(r["first_s"] if spread and not r.get("async") else r["seconds"]), 1e-7) for r in rows])
+    spread = all("first_s" in r and "spread_s" in r for r in rows)
+    t = np.array([max(float(r["first_s"] if spread else r["seconds"]), 1e-7) for r in rows])
     A = np.zeros((len(rows), len(groups) + 1))
     for i, r in enumerate(rows):
         A[i, col[int(r["group"])]] = 1.0
@@ -631,8 +633,8 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2]), "first_s": first, "spread_s": spread})
         if busy_s > 0:
-            d, spread = _async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4])
-            out.append(base | {"seconds": float(max(d, 1e-7)), "spread_s": spread, "async": True})
+            d, first, spread = _async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4])
+            out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread, "async": True})
     return out
 
 
@@ -658,22 +660,26 @@ def _return_spread(call_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, floa
     return float((first - call_ns.max(axis=0)).mean() / 1e9), float((ret_ns - first).mean() / 1e9)
 
 
-def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float]:
-    """(D, spread) of an asynchronous collective under the simulator's rule: it ends D after the
-    last rank's launch returned, and a rank's wait returns at the later of its start and that end
-    plus the rank's lag. The waits that blocked (returned more than ``BLOCKED_NS`` after they
-    began) return apart, as a blocking call's ranks do: spread is the mean over them of their
-    return after the first of them in the iteration, and D is fitted so that the rule, with each
-    such wait returning with that first one, gives the measured mean return over ranks and
-    iterations. Arrays (ranks, iterations) of wall-clock ns. A wait that began after the
-    collective ended constrains D only from above; the mean return is reached by the other waits
-    (D is 0 when every wait returned at once)."""
+def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float, float]:
+    """(D, first, spread) of an asynchronous collective under the simulator's rule: it ends D after
+    the last rank's launch returned, and a rank's wait returns at the later of its start and that
+    end. D gives the measured mean return over ranks and iterations. The waits that blocked
+    (returned more than ``BLOCKED_NS`` after they began) return apart, as a blocking call's ranks
+    do: spread is the mean over them of their return after the first of them in the iteration,
+    and ``first`` is D with each such wait returning with that first one (the rule with return
+    lags, ``trace_sim.calibrated_return_lags``). Arrays (ranks, iterations) of wall-clock ns. A
+    wait that began after the collective ended constrains D only from above; the mean return is
+    reached by the other waits (D is 0 when every wait returned at once)."""
     last = launch_ns.max(axis=0)
     blocked = ret_ns - wait_ns > BLOCKED_NS
     first = np.where(blocked, ret_ns, np.inf).min(axis=0)
     lags = np.where(blocked, ret_ns - first, 0.0)
     spread = float(lags[blocked].mean() / 1e9) if blocked.any() else 0.0
-    ret_ns = ret_ns - lags
+    return _rule_duration(last, wait_ns, ret_ns), _rule_duration(last, wait_ns, ret_ns - lags), spread
+
+
+def _rule_duration(last: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> float:
+    """The D, seconds, for which max(wait start, last launch + D) has the mean of ``ret_ns``."""
     target = float(ret_ns.mean())
 
     def mean_return(d: float) -> float:
@@ -681,11 +687,11 @@ def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarra
 
     lo, hi = 0.0, max(0.0, float((ret_ns - last).max()))
     if mean_return(lo) >= target:
-        return 0.0, spread
+        return 0.0
     for _ in range(60):  # mean_return rises with d: bisection to well under a nanosecond
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if mean_return(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi) / 1e9, spread
+    return 0.5 * (lo + hi) / 1e9
 
 
 def _busy(work: Any, seconds: float) -> None:
