@@ -235,10 +235,13 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     the variance growing as p^2: for one alpha it is the cells' mean). Weighting by the measured
     t instead, (t - p) / t, would be biased low: a slow cell's error counts less than a fast one's
     (for cells of 1 and 3 ms it gives 1.2 ms, not 2), and the calibration's cells are means of a
-    few iterations with a long tail, so that bias under-predicted every collective."""
+    few iterations with a long tail, so that bias under-predicted every collective. Cells that
+    carry ``first_s`` and ``spread_s`` are fitted to the first waiting rank's return, the mean
+    spread kept per group size (``KindFit.spread_s``). The reported errors are relative to the
+    larger of measured and predicted."""
     groups = sorted({int(r["group"]) for r in rows})
     col = {g: i for i, g in enumerate(groups)}
-    # a blocking call's ranks return apart: fit when the first returned, and the others' lag beside it
+    # the ranks waiting for a collective return apart: fit when the first returned, keep the others' lag
     spread = all("first_s" in r and "spread_s" in r for r in rows)
     t = np.array([max(float(r["first_s"] if spread else r["seconds"]), 1e-7) for r in rows])
     A = np.zeros((len(rows), len(groups) + 1))
@@ -256,8 +259,9 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
             break
     p = A @ coef
     rel = (p - t) / np.maximum(t, p)  # relative to the larger: an asynchronous cell's D may be 0
-    lags = {g: float(np.mean([float(r["spread_s"]) for r in rows if int(r["group"]) == g])) for g in groups} if spread \
-        else {}
+    lags = {}
+    if spread:
+        lags = {g: float(np.mean([float(r["spread_s"]) for r in rows if int(r["group"]) == g])) for g in groups}
     return KindFit({g: float(coef[col[g]]) for g in groups}, float(coef[-1]), 1.0,
                    float(np.sqrt(np.mean(rel ** 2))), float(np.abs(rel).max()), len(rows), lags)
 
