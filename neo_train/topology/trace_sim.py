@@ -189,7 +189,7 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
     def lags(kind: str, group: list, by_rank: Mapping[int, dict]) -> dict[int, float]:
         g = len(group)
         asy = bool(by_rank[min(by_rank)].get("async"))
-        m = cal.spread("all_to_allv" if kind == "all_to_all" else kind, g, asy) if g >= 2 else 0.0
+        m = cal.spread("all_to_allv" if kind == "all_to_all" else kind, g, asy)  # 0 for a group of one
         if m <= 0:
             return {}
         out = dict(zip(group, rng.exponential(m * g / (g - 1), g).tolist()))
