@@ -1,7 +1,7 @@
 """The network simulator against measured runs (issue 14, item 1): predicted vs measured step
 time and per-collective time of real gloo training runs on this machine.
 
-    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~80 s on 2 cores)
+    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~4 min on 2 cores)
     python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
 
@@ -18,16 +18,19 @@ For each world size W (gloo ranks on this host, one torch thread each):
                W: one node), faked through LOCAL_WORLD_SIZE as the tests do
        mixed   table-wise, with t0 data-parallel, t1 row-wise, t2 column-wise
    Modes: ``pipelined`` (the trainer's default: a loader thread produces batches and the input
-   dist runs a step ahead) and ``plain`` (``train.pipeline = false``: one thread).
+   dist runs a step ahead) and ``plain`` (``train.pipeline = false``: one thread). Each case is
+   recorded --repeats times (default 2), every case once and then again: separate launches,
+   because a launch's luck on this host (how its ranks share the cores) holds for all its steps.
 2. Calibrate the transport on W fresh ranks (``neo_train.topology.calibrate``; the file
    ``neo-train calibrate --nproc W [--busy-ms X --overlap-ms Y]`` writes): every collective kind x group size
    2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
    per_rank) that fits better. A call's cost is what the simulator charges: the mean over
-   iterations and the group's ranks of (return - the last rank's call). Two calibrations:
+   iterations and the group's ranks of (return - the last rank's call). --iters 21 per cell (with
+   7, two calibrations' predictions of one trace differed by up to 12 %). Two calibrations:
        idle    each call after a barrier, the ranks otherwise idle: the transport alone
-       busy    no barrier; before each call every rank computes for X x U(0.5, 1.5), X = the
-               median over this W's recorded runs of their mean compute between two blocking
-               intervals (the runs' duty cycle; nothing of their communication): the transport
+       busy    one per mode, for that mode's runs. No barrier; before each call every rank
+               computes for X x U(0.5, 1.5), X = the median over this W's recorded runs of the
+               mode of their mean compute between two blocking intervals (the runs' duty cycle; nothing of their communication): the transport
                between CPU-bound ranks, which on a host with fewer free cores than busy
                processes waits for a core after every hand-off. Each cell is also launched
                asynchronously, the ranks computing Y x U(0, 2) before they wait, Y = the median
@@ -39,7 +42,12 @@ For each world size W (gloo ranks on this host, one torch thread each):
                The asynchronous cells are launched together (a barrier before each) and every
                rank draws the same Y, so the ranks wait together, as training's do (until
                2026-11-24 each rank launched skewed and drew its own Y; notes/sim_validation.md,
-               2026-11-24, morning)
+               2026-11-24, morning). A group smaller than W runs tiled: the world cut into
+               disjoint groups of that size, all running the cell at once, as TWRW's node-local
+               and cross-node groups do (``measure_collectives(tiled=...)``). Until the evening
+               of 2026-11-24 one busy calibration served both modes at the median of all runs
+               (a plain run's asynchronous all-to-alls were charged a pipelined run's overlap),
+               and groups ran alone.
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
@@ -51,8 +59,9 @@ For each world size W (gloo ranks on this host, one torch thread each):
    model until 2026-11-24, afternoon).
 
 Measured step time: per step, the span from the trainer's step mark to the next, mean over ranks;
-the median over the steps after --warmup (default 4). Predicted: the same spans in the simulated
-schedule. Per collective (marker, kind, sync/async): the median over steady steps and ranks of
+the median over the steps after --warmup (default 4) of every recording of the case together.
+Predicted: the same spans in the simulated schedules (``merge_repeats``; each recording's own
+error is printed beside it and kept in the JSON under 'repeats'). Per collective (marker, kind, sync/async): the median over steady steps and ranks of
 issue-to-done as the rank saw it (a blocking call's return, an async one's wait, DDP's buckets
 their completion), of the time the rank blocked on it, and of its 'net' time (the last rank's call
 to its end, where the run shows it: the network model's own part). Goals (issue 14): step time
@@ -131,9 +140,10 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path) -> dict[str, Any]:
-    """Train one case with the tracer on; returns where its trace is and what the trainer said."""
-    trace_dir = workdir / f"w{W}_{plan}_{mode}"
+def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat: int = 0) -> dict[str, Any]:
+    """Train one case with the tracer on (its ``repeat``-th recording); returns where its trace is
+    and what the trainer said."""
+    trace_dir = workdir / (f"w{W}_{plan}_{mode}" + (f"_r{repeat}" if repeat else ""))
     if trace_dir.exists():
         shutil.rmtree(trace_dir)
     run_cfg = cfg.replace(train=cfg.train.replace(steps=steps, pipeline=mode == "pipelined"),
@@ -144,8 +154,8 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path) -> dict
     trained = run_ranks(_train_body, W, run_cfg, plan_obj.to_json(), str(trace_dir),
                         local_world_size=local_world(plan, W), timeout_s=900)
     trainer_ms = max(r["train_seconds"] for r in trained) / max(1, trained[0]["steps"]) * 1e3
-    return {"W": W, "plan": plan, "mode": mode, "local_world_size": local_world(plan, W), "trace": str(trace_dir),
-            "trainer_step_ms": trainer_ms, "run_wall_s": time.perf_counter() - t0, "load_before": load0,
+    return {"W": W, "plan": plan, "mode": mode, "repeat": repeat, "local_world_size": local_world(plan, W),
+            "trace": str(trace_dir), "trainer_step_ms": trainer_ms, "run_wall_s": time.perf_counter() - t0, "load_before": load0,
             "load_after": _load()}
 
 
@@ -156,6 +166,16 @@ def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float]]:
     from neo_train.topology.trace_input import load_trace, trace_duties
 
     return trace_duties(load_trace(trace_dir), warmup)
+
+
+def run_duties(cases: list[dict[str, Any]], warmup: int) -> tuple[float, float, dict[str, float]]:
+    """The busy calibration's inputs for these recorded runs: the median over them of ``duty``'s
+    compute between blocking intervals, of the compute under an asynchronous collective, and of the
+    latter per collective kind (DDP's buckets under a backward, the ids under a forward)."""
+    duties = [duty(c["trace"], warmup) for c in cases]
+    kinds = sorted({k for d in duties for k in d[2]})
+    return (statistics.median(d[0] for d in duties), statistics.median(d[1] for d in duties),
+            {k: statistics.median(d[2][k] for d in duties if k in d[2]) for k in kinds})
 
 
 def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> list[dict[str, Any]]:
@@ -177,18 +197,63 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
     sim_s = time.perf_counter() - t1
     val = validate_timeline(tl, res, warmup)
     s = val.summary()
-    colls = [dict(c, error=c["predicted_s"] / c["measured_s"] - 1 if c["measured_s"] > 0 else float("nan"))
-             for c in s["collectives"]]
-    steady = steady_collectives(colls, s["steps"])
-    worst = max((abs(c["error"]) for c in steady), default=0.0)
-    within = sum(abs(c["error"]) <= COLL_GOAL for c in steady)
-    return {"measured_step_ms": s["measured_step_s"] * 1e3, "predicted_step_ms": s["predicted_step_s"] * 1e3,
-            "step_error": s["step_error"], "measured_step_mean_ms": s["measured_step_mean_s"] * 1e3,
-            "predicted_step_mean_ms": s["predicted_step_mean_s"] * 1e3, "step_mean_error": s["step_mean_error"],
-            "steady_steps": s["steps"], "collectives": colls, "worst_collective_error": worst,
-            "collectives_within_goal": [within, len(steady)],
-            "step_ok": abs(s["step_error"]) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL,
-            "sim_wall_s": sim_s, "phases": len(tl.phases), "per_step": val.steps}
+    return _verdicts(val.steps, s["collectives"]) | {"sim_wall_s": sim_s, "phases": len(tl.phases)}
+
+
+def _ratio(pred: float, meas: float) -> float:
+    return pred / meas - 1 if meas > 0 else float("nan")
+
+
+def _verdicts(per_step: list[dict[str, Any]], collectives: list[dict[str, Any]]) -> dict[str, Any]:
+    """A case's figures from its steps (``TraceValidation.steps``) and collective rows: the step
+    time's median and mean over the steady steps, measured and predicted, their errors, each
+    collective's error, and the goals' verdicts."""
+    steady = [s for s in per_step if s["steady"]]
+    nan = float("nan")
+    m, p = (statistics.median(s[k] for s in steady) if steady else nan for k in ("measured_s", "predicted_s"))
+    mm, pm = (statistics.fmean(s[k] for s in steady) if steady else nan for k in ("measured_s", "predicted_s"))
+    colls = [dict(c, error=_ratio(c["predicted_s"], c["measured_s"])) for c in collectives]
+    every_step = steady_collectives(colls, len(steady))
+    worst = max((abs(c["error"]) for c in every_step), default=0.0)
+    within = sum(abs(c["error"]) <= COLL_GOAL for c in every_step)
+    return {"measured_step_ms": m * 1e3, "predicted_step_ms": p * 1e3, "step_error": _ratio(p, m),
+            "measured_step_mean_ms": mm * 1e3, "predicted_step_mean_ms": pm * 1e3, "step_mean_error": _ratio(pm, mm),
+            "steady_steps": len(steady), "collectives": colls, "worst_collective_error": worst,
+            "collectives_within_goal": [within, len(every_step)],
+            "step_ok": abs(_ratio(p, m)) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL, "per_step": per_step}
+
+
+REPEAT_KEYS = ("repeat", "trace", "trainer_step_ms", "load_before", "load_after", "measured_step_ms",
+               "predicted_step_ms", "step_error", "worst_collective_error")
+
+
+def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One case recorded several times (each a ``record`` | ``predict`` row) as one row: its step
+    times over the steady steps of every recording together, each collective's medians the median
+    over the recordings of theirs (instances summed), the verdicts on those; each recording's own
+    figures under 'repeats'. The recordings are separate launches: a launch's own luck (how its
+    ranks land on the cores) is shared by all its steps, so more launches, not more steps, average
+    it out (notes/sim_validation.md, "launches, calibration noise, tiled groups")."""
+    per_step = [dict(s, repeat=r["repeat"]) for r in rows for s in r["per_step"]]
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        for c in r["collectives"]:
+            by_key.setdefault((c["marker"], c["comms"], c["mode"]), []).append(c)
+
+    def med(cs: list[dict[str, Any]], k: str) -> float | None:
+        v = [c[k] for c in cs if c.get(k) is not None]
+        return statistics.median(v) if v else None
+
+    colls = [{"marker": m, "comms": k, "mode": mode, "n": sum(c["n"] for c in cs)}
+             | {f: med(cs, f) for f in ("measured_s", "predicted_s", "measured_blocked_s", "predicted_blocked_s",
+                                        "measured_net_s", "predicted_net_s")}
+             for (m, k, mode), cs in by_key.items()]
+    first = rows[0]
+    return first | _verdicts(per_step, colls) | {
+        "trainer_step_ms": statistics.median(r["trainer_step_ms"] for r in rows),
+        "run_wall_s": sum(r["run_wall_s"] for r in rows), "load_before": first["load_before"],
+        "load_after": rows[-1]["load_after"], "sim_wall_s": sum(r["sim_wall_s"] for r in rows),
+        "phases": sum(r["phases"] for r in rows), "repeats": [{k: r[k] for k in REPEAT_KEYS} for r in rows]}
 
 
 def ranks_together(cal):
@@ -217,7 +282,7 @@ def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, in
 
 
 def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0,
-              overlap_s: float | dict[str, float] | None = None):
+              overlap_s: float | dict[str, float] | None = None, tag: str = ""):
     from neo_train.topology.calibrate import fit_calibration
 
     t0 = time.perf_counter()
@@ -225,9 +290,10 @@ def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float
     samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]
     meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load0, "load_after": _load(),
             "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s,
+            "groups": "tiled" if busy_s else "first",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
-    name = f"calibration_w{W}" + (f"_busy{busy_s * 1e3:.2f}ms" if busy_s else "") + ".json"
+    name = f"calibration_w{W}" + (f"_busy{busy_s * 1e3:.2f}ms" if busy_s else "") + (f"_{tag}" if tag else "") + ".json"
     cal.source = str(cal.save(workdir / name))
     return cal
 
@@ -383,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="per-rank batch size (default: the preset's)")
     ap.add_argument("--steps", type=int, default=0, help="training steps per run (default 24, quick 14)")
     ap.add_argument("--warmup", type=int, default=-1, help="steps left out of the comparison (default 4)")
-    ap.add_argument("--iters", type=int, default=0, help="calibration iterations per cell (default 7, quick 5)")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="recordings of each case, separate launches pooled (default 2, quick 1)")
+    ap.add_argument("--iters", type=int, default=0, help="calibration iterations per cell (default 21, quick 5)")
     ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
     ap.add_argument("--calibrations", default="idle,busy",
                     help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
@@ -413,7 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c[0] in {int(w) for w in args.worlds.split(",")}]
     steps = args.steps or (14 if args.quick else 24)
     warmup = args.warmup if args.warmup >= 0 else 4
-    iters = args.iters or (5 if args.quick else 7)
+    iters = args.iters or (5 if args.quick else 21)
+    repeats = args.repeats or (1 if args.quick else 2)
+    if args.repeats < 0 or args.iters < 0 or args.steps < 0:
+        ap.error("--repeats, --iters and --steps must be positive")
     # quick: still a size large enough (1 MB) that the time grows with it on a loaded host, or the fit has no bandwidth
     sizes = [16, 4 << 10, 128 << 10, 1 << 20] if args.quick else list(DEFAULT_SIZES)
     calibrations = args.calibrations.split(",")
@@ -426,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="sim_validation_"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "
-          f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up), calibration {len(sizes)} sizes x "
+          f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up) x {repeats} recordings, calibration {len(sizes)} sizes x "
           f"{iters} iterations; files in {workdir}", flush=True)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -434,32 +505,44 @@ def main(argv: list[str] | None = None) -> int:
     cals: dict[str, Any] = {}
     for W in sorted({c[0] for c in cases}):
         # record this W's runs, then calibrate its transport: idle, and busy at the runs' duty cycle
-        cases_w = [record(cfg, p, W, m, steps, workdir) for w, p, m in cases if w == W]
+        # every case once, then again (--repeats): a noisy stretch of the host hits every case alike
+        cases_w = [record(cfg, p, W, m, steps, workdir, r) for r in range(repeats) for w, p, m in cases if w == W]
         for c in cases_w:
-            print(f"recorded W={W} {c['plan']:<5} {c['mode']:<9} (trainer {c['trainer_step_ms']:.2f} ms/step, "
+            again = f" again ({c['repeat'] + 1} of {repeats})" if c["repeat"] else ""
+            print(f"recorded W={W} {c['plan']:<5} {c['mode']:<9}{again} (trainer {c['trainer_step_ms']:.2f} ms/step, "
                   f"load {c['load_before']:.2f}->{c['load_after']:.2f})", flush=True)
-        cal_idle = calibrate(W, sizes, iters, workdir) if "idle" in calibrations else None
-        duties = [duty(c["trace"], warmup) for c in cases_w]
-        gap, overlap = statistics.median(d[0] for d in duties), statistics.median(d[1] for d in duties)
-        # per collective kind: the median over the runs of their mean overlap (DDP's buckets under a
-        # backward, the ids under a forward); the mean over every kind, shown for comparison
-        by_kind = {k: statistics.median(d[2][k] for d in duties if k in d[2]) for k in sorted({k for d in duties for k in d[2]})}
-        cal_busy = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=by_kind or overlap) if "busy" in calibrations else None
-        for name, cal in (("idle", cal_idle), ("busy", cal_busy)):
-            if cal is None or name not in calibrations:
-                continue
-            cals[f"{W}:{name}"] = cal
-            shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
-            busy = f", compute bursts {gap * 1e3:.2f} ms, overlap {shown}" if name == "busy" else ""
-            print(f"[{name}{busy}] {cal.table()}", flush=True)
+        # (label, the mode whose runs it predicts or None for all, calibration, busy_s, overlap_s, shown)
+        jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
+        if "idle" in calibrations:
+            jobs.append(("idle", None, calibrate(W, sizes, iters, workdir), 0.0, 0.0, ""))
+        if "busy" in calibrations:
+            # one per mode, at its runs' duty: a pipelined run computes through its asynchronous
+            # collectives (the ids' all-to-all under a whole forward), a plain one waits for them
+            # almost at once (0.02 - 0.5 ms of compute against 0.8 - 3.3 here), and an asynchronous
+            # collective costs more the more its ranks compute meanwhile
+            for mode in dict.fromkeys(m for w, p, m in cases if w == W):
+                gap, overlap, by_kind = run_duties([c for c in cases_w if c["mode"] == mode], warmup)
+                cal = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=by_kind or overlap, tag=mode)
+                shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
+                jobs.append(("busy", mode, cal, gap, by_kind or overlap,
+                             f", {mode} runs: compute bursts {gap * 1e3:.2f} ms, overlap {shown}"))
+        for name, mode, cal, busy_s, overlap_s, shown in jobs:
+            cals[f"{W}:{name}" + (f":{mode}" if mode else "")] = cal
+            print(f"[{name}{shown}] {cal.table()}", flush=True)
             together = ranks_together(cal)
-            for c in cases_w:
-                row = dict(c, calibration=name, busy_s=gap if name == "busy" else 0.0,
-                           overlap_s=(by_kind or overlap) if name == "busy" else 0.0) | predict(c, cal, warmup)
+            for w, p, m in cases:
+                if w != W or mode not in (None, m):
+                    continue
+                mine = [dict(c, calibration=name, busy_s=busy_s, overlap_s=overlap_s)
+                        for c in cases_w if (c["plan"], c["mode"]) == (p, m)]
+                row = merge_repeats([c | predict(c, cal, warmup) for c in mine])
                 rows.append(row)
-                baseline.append(dict(row, calibration=f"{name}, together") | predict(c, together, warmup))
-                print(f"W={W} {c['plan']:<5} {c['mode']:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
-                      f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}); worst collective "
+                baseline.append(merge_repeats([c | predict(c, together, warmup) for c in mine])
+                                | {"calibration": f"{name}, together"})
+                each = (" (each recording: " + ", ".join(f"{x['step_error']:+.1%}" for x in row["repeats"]) + ")"
+                        if repeats > 1 else "")
+                print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
+                      f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}){each}; worst collective "
                       f"{row['worst_collective_error']:6.1%}", flush=True)
     print(f"\npredicted vs measured (medians over steady steps; 'coll' = the worst per-collective error of "
           f"those every step runs; goals: step +-{STEP_GOAL:.0%}, collective +-{COLL_GOAL:.0%})")
@@ -493,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
     report = {"benchmark": "sim_validation", "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()},
               "args": {"preset": cfg.name, "batch_size": cfg.train.batch_size, "steps": steps, "warmup": warmup,
-                       "iters": iters, "sizes": sizes, "quick": args.quick},
+                       "iters": iters, "sizes": sizes, "quick": args.quick, "repeats": repeats},
               "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
               "rows": rows, "baseline_rows": baseline, "seconds": total}

@@ -555,10 +555,11 @@ def wrap_communicator(comm, cfg, local_world_size: int | None):
     return comm
 
 
-def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | dict[str, float] | None):
+def _calibrate_rank(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | dict[str, float] | None,
+                    tiled: bool | None = None):
     from .topology.calibrate import measure_collectives
 
-    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s)
+    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s, tiled=tiled)
 
 
 def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -594,12 +595,13 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     comm = init_distributed(timeout_s=args.timeout)
     if comm is None or comm.world_size < 2:
         raise ValueError("neo-train calibrate needs 2 or more ranks")
-    samples = _calibrate_rank(comm, sizes, args.iters, args.busy_ms / 1e3, overlap_s)
+    tiled = {"auto": None, "first": False, "tiled": True}[args.groups]
+    samples = _calibrate_rank(comm, sizes, args.iters, args.busy_ms / 1e3, overlap_s, tiled)
     if comm.rank == 0:
         from .comm.probe import cpu_model
 
         meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load, "seconds": time.perf_counter() - t0,
-                "iters": args.iters, "busy_s": args.busy_ms / 1e3, "overlap_s": overlap_s,
+                "iters": args.iters, "busy_s": args.busy_ms / 1e3, "overlap_s": overlap_s, "groups": args.groups,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         cal = fit_calibration(samples, world_size=comm.world_size, transport=comm.backend, device=comm.device.type,
                               meta=meta)

@@ -275,6 +275,30 @@ def test_the_fit_charges_a_noisy_cell_its_mean_not_less():
     assert fit.latency_s[3] == pytest.approx(4e-4, rel=0.1) and fit.seconds_per_byte == pytest.approx(2.0, rel=0.1)
 
 
+def test_a_cell_measured_at_zero_does_not_steer_the_fit():
+    """An asynchronous cell whose waits all returned at once (the collective done within the
+    overlap) has D = 0. Started relative to the measured times, that cell outweighed the rest,
+    pinned alpha to 0 and the bandwidth to what fits the other cells from there, and the
+    reweighting stayed in that corner: a busy W = 4 calibration's asynchronous all-to-all (these
+    first returns, ms) came out 437 x slower per byte than its blocking twin."""
+    from neo_train.topology.calibrate import _fit_kind, _unit_time
+
+    sizes = (16, 256, 4096, 32768, 131072, 524288, 2097152)
+    first_ms = {2: (0.694, 0.781, 0.557, 0.669, 0.730, 0.723, 2.457), 3: (0.772, 1.386, 1.085, 0.815, 1.155, 0.974, 1.101),
+                4: (0.0, 0.541, 0.454, 0.431, 0.665, 0.376, 0.682)}
+    rows, xs = [], []
+    for g, ts in first_ms.items():
+        for b, t in zip(sizes, ts):
+            b = b // 4 // g * g * 4
+            rows.append({"group": g, "bytes": b, "seconds": t * 1e-3 + 3e-4, "first_s": t * 1e-3, "spread_s": 3e-4})
+            xs.append(_unit_time("all_to_allv", g, b, "per_rank") / 2.1e9)
+    fit = _fit_kind(rows, xs)
+    assert fit.latency_s[4] > 2e-4 and fit.seconds_per_byte < 3.0  # within a few x of the blocking twin's 1
+    pred = [fit.latency_s[r["group"]] + fit.seconds_per_byte * x for r, x in zip(rows, xs)]
+    assert max(p / r["first_s"] for p, r in zip(pred, rows) if r["first_s"] > 0) < 2.0
+    assert fit.rms_rel_err < 0.5
+
+
 def test_nnls_keeps_coefficients_non_negative():
     rng = np.random.default_rng(0)
     A = rng.random((30, 4))
@@ -374,9 +398,10 @@ def test_measure_collectives_overlaps_each_kind_as_given():
             parse_overlaps(bad)
 
 
-def _logged_measure_body(comm):
+def _logged_measure_body(comm, tiled=None):
     """A busy all-to-all calibration on this rank, logging in order its barriers, its all-to-all
-    calls (group size, async) and its compute bursts (seconds)."""
+    calls (group size, async, the group's ranks) and its compute bursts (seconds); returns the log
+    and the samples."""
     from neo_train.comm.native import NativeCommunicator
     from neo_train.topology import calibrate
 
@@ -392,14 +417,14 @@ def _logged_measure_body(comm):
         barrier(self)
 
     def logged_a2a(self, *args, async_op=False, **kw):
-        log.append(("all_to_allv", self.world_size, async_op))
+        log.append(("all_to_allv", self.world_size, async_op, tuple(self.global_ranks)))
         return a2a(self, *args, async_op=async_op, **kw)
 
     calibrate._busy = logged_busy
     NativeCommunicator.barrier, NativeCommunicator.all_to_all_v = logged_barrier, logged_a2a
-    calibrate.measure_collectives(comm, sizes=[16], kinds=("all_to_allv",), iters=2, warmup=1, busy_s=1e-4,
-                                  overlap_s=1e-4)
-    return log
+    samples = calibrate.measure_collectives(comm, sizes=[16], kinds=("all_to_allv",), iters=2, warmup=1,
+                                            busy_s=1e-4, overlap_s=1e-4, tiled=tiled)
+    return log, samples
 
 
 def test_a_busy_calibration_launches_each_async_cell_together_and_overlaps_it_alike():
@@ -409,7 +434,7 @@ def test_a_busy_calibration_launches_each_async_cell_together_and_overlaps_it_al
     outside the group of 2, still draws for its cells, so the group of 3's draws stay the same."""
     from neo_train.testing import run_ranks
 
-    logs = run_ranks(_logged_measure_body, 3)
+    logs = [log for log, _ in run_ranks(_logged_measure_body, 3)]
     overlaps = {}
     for rank, log in enumerate(logs):
         launches = [i for i, e in enumerate(log) if e[0] == "all_to_allv" and e[2]]
@@ -420,6 +445,29 @@ def test_a_busy_calibration_launches_each_async_cell_together_and_overlaps_it_al
     # the skew before each blocking call stays each rank's own
     first = [next(e[1] for e in log if e[0] == "busy") for log in logs]
     assert len(set(first)) == 3
+
+
+@pytest.mark.parametrize("tiled", [None, False])
+def test_a_busy_calibration_runs_smaller_groups_side_by_side(tiled):
+    """Training runs its node-local and cross-node groups at once, so a busy calibration (tiled by
+    default) measures a group size g < W as the world cut into W // g groups running each cell
+    together, pooling their iterations; untiled, ranks 0..g-1 alone while the others idle. Four
+    ranks: pairs {0, 1} and {2, 3}; a group of 3 is {0, 1, 2} either way (rank 3 idles)."""
+    from neo_train.testing import run_ranks
+
+    got = run_ranks(_logged_measure_body, 4, tiled)
+    for rank, (log, samples) in enumerate(got):
+        calls = [e for e in log if e[0] == "all_to_allv"]
+        groups = {g: {e[3] for e in calls if e[1] == g} for g in (2, 3, 4)}
+        pair = {(0, 1)} if rank < 2 else ({(2, 3)} if tiled is None else set())
+        assert groups == {2: pair, 3: {(0, 1, 2)} if rank < 3 else set(), 4: {(0, 1, 2, 3)}}, rank
+        # (warm-up + iterations) x (blocking, launched) per group this rank is in
+        assert len(calls) == 3 * 2 * sum(map(len, groups.values()))
+        assert samples == got[0][1]
+        together = {(s["group"], s["groups_together"]) for s in samples}
+        assert together == {(2, 2 if tiled is None else 1), (3, 1), (4, 1)}
+        # pooled: every timed iteration of both pairs made it into the figures (none left NaN)
+        assert all(math.isfinite(s[k]) and s[k] >= 0 for s in samples for k in ("seconds", "first_s", "spread_s"))
 
 
 def test_a_call_costs_its_ranks_mean_return_after_the_last_call():
@@ -730,3 +778,42 @@ def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):
     # per kind: the all-to-all (2 and 0.5 ms), the all-reduce joined at the backward's end (0.5, 0.5)
     assert by_kind.keys() == {"all_to_allv", "all_reduce"}
     assert by_kind["all_to_allv"] * 1e3 == pytest.approx(1.25) and by_kind["all_reduce"] * 1e3 == pytest.approx(0.5)
+
+
+def test_a_case_recorded_twice_pools_its_steps():
+    """``merge_repeats``: a case recorded in two launches is judged on the steady steps of both
+    together (medians and means over the pool, not a mean of the launches' medians); each
+    collective on the median of the launches' medians (instances summed; a 'net' one launch lacks
+    is the other's); each launch's own figures kept under 'repeats'."""
+    sv = _sim_validation()
+
+    def recording(rep, meas, pred, coll_meas, coll_pred):
+        steps = [{"step": i, "measured_s": m, "predicted_s": p, "ranks": 4, "steady": i >= 1}
+                 for i, (m, p) in enumerate(zip(meas, pred))]
+        colls = [{"marker": "output_dist_cross", "comms": "all_to_allv", "mode": "sync", "n": 8,
+                  "measured_s": coll_meas, "predicted_s": coll_pred, "measured_blocked_s": coll_meas,
+                  "predicted_blocked_s": coll_pred, "measured_net_s": None if rep else 1e-3,
+                  "predicted_net_s": None if rep else 2e-3}]
+        base = _report_row(4, "twrw", "plain", "busy", 1.0, 0.0, {})
+        return base | {"repeat": rep, "trace": f"/t{rep}", "trainer_step_ms": 10.0 + rep} | sv._verdicts(steps, colls)
+
+    one = recording(0, [9, 10, 10, 30], [9, 10, 10, 10], 1e-3, 1.5e-3)
+    two = recording(1, [9, 20, 20, 20], [9, 16, 16, 16], 3e-3, 2e-3)
+    assert one["step_error"] == pytest.approx(0.0) and two["step_error"] == pytest.approx(-0.2)
+    merged = sv.merge_repeats([one, two])
+    assert merged["measured_step_ms"] == pytest.approx(20e3) and merged["predicted_step_ms"] == pytest.approx(13e3)
+    assert merged["step_error"] == pytest.approx(13 / 20 - 1) and not merged["step_ok"]
+    assert merged["step_mean_error"] == pytest.approx(13 / (110 / 6) - 1)
+    assert merged["steady_steps"] == 6 and len(merged["per_step"]) == 8
+    assert [s["repeat"] for s in merged["per_step"]] == [0] * 4 + [1] * 4
+    (c,) = merged["collectives"]
+    assert c["n"] == 16 and c["measured_s"] == pytest.approx(2e-3) and c["predicted_s"] == pytest.approx(1.75e-3)
+    assert c["error"] == pytest.approx(-0.125) and c["measured_net_s"] == 1e-3 and c["predicted_net_s"] == 2e-3
+    assert merged["collectives_within_goal"] == [1, 1] and merged["collectives_ok"]
+    assert merged["trainer_step_ms"] == pytest.approx(10.5)
+    assert [(r["repeat"], r["trace"], r["step_error"]) for r in merged["repeats"]] == [
+        (0, "/t0", pytest.approx(0.0)), (1, "/t1", pytest.approx(-0.2))]
+    # one recording: its own figures
+    alone = sv.merge_repeats([one])
+    assert alone["step_error"] == one["step_error"] and alone["collectives"] == one["collectives"]
+    assert len(alone["repeats"]) == 1

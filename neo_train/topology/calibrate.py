@@ -248,7 +248,12 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     for i, r in enumerate(rows):
         A[i, col[int(r["group"])]] = 1.0
         A[i, -1] = xs[i]
-    coef = nnls(A / t[:, None], np.ones(len(rows)))  # the start: relative to the measured times
+    # the start: absolute errors. Relative to the measured times instead, a cell measured near 0 (an
+    # asynchronous collective done before its ranks waited) outweighed every other, pinned its group's
+    # alpha to 0 and the bandwidth to what fits the rest from there; and relative to the prediction
+    # an over-prediction costs at most 1 per cell, so the reweighting stayed in that corner (a W = 4
+    # all-to-all fitted 437 x slower per byte than its blocking twin, a step predicted 6 x too long)
+    coef = nnls(A, t)
     floor = 1e-3 * float(np.median(t))
     for _ in range(IRLS_ITERS):
         p = np.maximum(A @ coef, floor)
@@ -534,7 +539,7 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
 def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kinds: Sequence[str] = KINDS,
                         groups: Sequence[int] | None = None, iters: int = 7, warmup: int = 2,
                         busy_s: float = 0.0, overlap_s: float | Mapping[str, float] | None = None,
-                        seed: int = 0) -> list[dict[str, Any]]:
+                        seed: int = 0, tiled: bool | None = None) -> list[dict[str, Any]]:
     """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
     Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
     group, bytes, seconds (the mean over iterations of ``_call_seconds``), p25 / p50 / p75 of the
@@ -550,7 +555,14 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     kind (a mapping, ``trace_input.trace_duties``: DDP's buckets overlap a backward, the ids a
     forward; kinds it lacks take the mean of its values). Every rank launches it after a barrier
     and draws the same overlap (the module docstring says why). Times are on the wall clock (one
-    host, or synchronised clocks)."""
+    host, or synchronised clocks).
+
+    ``tiled`` (default: when busy): a group size g < W is measured as the world cut into W // g
+    disjoint groups running every cell at once (the samples pool their ranks' iterations), as a
+    plan's node-local and cross-node groups run in training; otherwise ranks 0..g-1 alone, the
+    others idle (the transport alone). On a host with fewer cores than ranks the groups' collectives
+    compete for the cores: training's g = 2 ranks returned 0.9 - 1.2 ms apart at W = 4, ranks 0, 1
+    alone 0.7, tiled 0.9 (notes/sim_validation.md, "launches, calibration noise, tiled groups")."""
     import random
 
     import torch
@@ -571,13 +583,20 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         if not (math.isfinite(v) and v >= 0):
             raise ValueError(f"measure_collectives: overlap_s must be finite numbers >= 0, got {overlap_s}")
     overlap_of = {k: per_kind.get(k, mean_overlap) for k in kinds}
+    # the groups of each size: ranks 0..g-1, or (tiled) the world cut into W // g disjoint groups that
+    # run every cell at once, as a plan's node-local and cross-node groups do; a rank outside them idles
+    tiled = busy_s > 0 if tiled is None else bool(tiled)
+    tiles = {g: [list(range(j * g, (j + 1) * g)) for j in range(W // g if tiled else 1)] for g in groups}
     subs = {}
     for g in groups:  # every rank takes part in creating every group
-        subs[g] = comm if g == W else comm.subgroup(list(range(g)), name=f"calibrate{g}")
+        for j, members in enumerate(tiles[g]):
+            sub = comm if g == W else comm.subgroup(members, name=f"calibrate{g}" + (f"_{j}" if j else ""))
+            if rank in members:
+                subs[g] = sub
     cells = [(k, g, s) for k in kinds for g in groups for s in sizes]
     ops = {}
     for k, g, s in cells:
-        sub = subs[g]
+        sub = subs.get(g)
         if sub is None:
             continue
         n = max(g, (int(s) // 4) // g * g)  # float32 elements, a multiple of g
@@ -629,10 +648,12 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     out = []
     for c, (k, g, s) in enumerate(cells):
         n = max(g, (int(s) // 4) // g * g)
-        mine_g = got[:g, :, c, :]  # the group's ranks are 0..g-1
+        # every group's ranks and iterations, as more iterations of one group
+        mine_g = np.concatenate([got[members][:, :, c, :] for members in tiles[g]], axis=-1)
         per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
-        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k]}
+        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k],
+                "groups_together": len(tiles[g])}
         first, spread = _return_spread(mine_g[:, 0], mine_g[:, 1])
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2]), "first_s": first, "spread_s": spread})
@@ -760,7 +781,13 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                         "traces it will simulate; under torchrun, its ranks")
     p.add_argument("--sizes", default="", help="bytes of one rank's input per collective, e.g. 16,4KB,1MB "
                                                f"(default {','.join(map(str, DEFAULT_SIZES))})")
-    p.add_argument("--iters", type=positive_int, default=9, help="timed calls per cell (default 9; the median counts)")
+    p.add_argument("--iters", type=positive_int, default=21,
+                   help="timed calls per cell (default 21; the mean counts: with 7, two calibrations' predictions of "
+                        "one trace differed by up to 12 %%)")
+    p.add_argument("--groups", choices=("auto", "first", "tiled"), default="auto",
+                   help="a group size g below the world: 'first' ranks 0..g-1 alone, 'tiled' the world cut into "
+                        "disjoint groups of g running together (as node-local and cross-node groups do in training); "
+                        "default auto: tiled with --busy-ms, first without")
     p.add_argument("--busy-ms", type=nonnegative_float, default=0.0,
                    help="every rank computes for about this long before each call (the run's compute between "
                         "collectives): calibrates the transport on a host whose ranks are CPU-bound (default 0: idle)")
