@@ -26,7 +26,8 @@ For each world size W (gloo ranks on this host, one torch thread each):
    2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
    per_rank) that fits better. A call's cost is what the simulator charges: the mean over
    iterations and the group's ranks of (return - the last rank's call). --iters 21 per cell (with
-   7, two calibrations' predictions of one trace differed by up to 12 %). Two calibrations:
+   7, two calibrations' predictions of one trace differed by up to 12 %). Two calibrations
+   (--calibrations; default busy, the one the goals are judged on):
        idle    each call after a barrier, the ranks otherwise idle: the transport alone
        busy    one per mode, for that mode's runs. No barrier; before each call every rank
                computes for X x U(0.5, 1.5), X = the median over this W's recorded runs of the
@@ -433,7 +434,7 @@ def write_png(path: str, report: dict[str, Any]) -> None:
     fig.suptitle(("SMOKE RUN (--quick) - " if a.get("quick") else "")
                  + f"network simulator vs measured gloo runs: {mach.get('cpu', '?')}, {mach.get('cpus', '?')} CPUs; "
                  f"preset {a.get('preset', '?')}, b = {a.get('batch_size', '?')} per rank, {a.get('steps', '?')} "
-                 f"steps ({a.get('warmup', '?')} warm-up)", fontsize=11)
+                 f"steps ({a.get('warmup', '?')} warm-up) x {a.get('repeats', 1)} recordings per case", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -453,9 +454,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="recordings of each case, separate launches pooled (default 2, quick 1)")
     ap.add_argument("--iters", type=int, default=0, help="calibration iterations per cell (default 21, quick 5)")
     ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
-    ap.add_argument("--calibrations", default="idle,busy",
+    ap.add_argument("--calibrations", default="busy",
                     help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
-                         "mean compute gap, the asynchronous cells launched together); default both")
+                         "mean compute gap, the asynchronous cells launched together, one per mode); default busy, the "
+                         "model the goals are judged on (idle,busy adds the transport alone for comparison)")
     ap.add_argument("--keep", type=Path, help="keep traces and calibrations here (default: a temporary directory)")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--png", help="write the chart here: predicted vs measured step time per case, and each "

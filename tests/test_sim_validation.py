@@ -682,7 +682,7 @@ def test_calibrate_command_checks_its_flags(tmp_path, capsys):
 def test_benchmark_quick(tmp_path):
     out, png = tmp_path / "v.json", tmp_path / "sv.png"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_validation.py"), "--quick",
-                           "--json", str(out), "--png", str(png)],
+                           "--calibrations", "idle,busy", "--json", str(out), "--png", str(png)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert png.exists() and png.stat().st_size > 10_000
@@ -691,7 +691,8 @@ def test_benchmark_quick(tmp_path):
     for r in report["rows"]:
         assert r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 and math.isfinite(r["step_error"])
         assert r["collectives"] and r["steady_steps"] > 0
-    assert set(report["calibrations"]) >= {"2:idle", "4:idle"}
+    assert set(report["calibrations"]) == {"2:idle", "4:idle", "2:busy:pipelined", "4:busy:pipelined"}
+    assert report["calibrations"]["4:busy:pipelined"]["meta"]["groups"] == "tiled"
     assert report["calibrations"]["2:idle"]["format"] == FORMAT
     # the baseline: each case again, the same calibration without return lags
     base = {(r["W"], r["plan"], r["mode"], r["calibration"]): r for r in report["baseline_rows"]}
