@@ -46,9 +46,10 @@ A busy calibration also fits the collectives launched asynchronously while the r
 (``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
 simulator uses them for the trace's asynchronous collectives.
 
-Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job; the
-others wait) and message size, cells taking turns iteration by iteration so that a noisy stretch of
-a shared host hits all of them alike. A call costs what the simulator charges for it: the
+Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job, the
+others waiting; busy: the job cut into disjoint groups of that size running side by side, as a
+plan's node-local and cross-node groups do) and message size, cells taking turns iteration by
+iteration so that a noisy stretch of a shared host hits all of them alike. A call costs what the simulator charges for it: the
 collective starts when the last rank of its group calls, and every rank resumes when it ends. So an
 iteration's time is, per rank, its return minus the last rank's call (on the wall clock: one host,
 or synchronised clocks), averaged over the group's ranks (not the fastest rank: the slowest one
