@@ -31,8 +31,8 @@ For each world size W (gloo ranks on this host, one torch thread each):
        idle    each call after a barrier, the ranks otherwise idle: the transport alone
        busy    one per mode, for that mode's runs. No barrier; before each call every rank
                computes for X x U(0.5, 1.5), X = the median over this W's recorded runs of the
-               mode of their mean compute between two blocking intervals (the runs' duty cycle; nothing of their communication): the transport
-               between CPU-bound ranks, which on a host with fewer free cores than busy
+               mode of their mean compute between two blocking intervals (the runs' duty cycle;
+               nothing of their communication): the transport between CPU-bound ranks, which on a host with fewer free cores than busy
                processes waits for a core after every hand-off. Each cell is also launched
                asynchronously, the ranks computing Y x U(0, 2) before they wait, Y = the median
                over the runs of their mean compute between an asynchronous collective's launch
@@ -61,15 +61,16 @@ For each world size W (gloo ranks on this host, one torch thread each):
 
 Measured step time: per step, the span from the trainer's step mark to the next, mean over ranks;
 the median over the steps after --warmup (default 4) of every recording of the case together.
-Predicted: the same spans in the simulated schedules (``merge_repeats``; each recording's own
-error is printed beside it and kept in the JSON under 'repeats'). Per collective (marker, kind, sync/async): the median over steady steps and ranks of
-issue-to-done as the rank saw it (a blocking call's return, an async one's wait, DDP's buckets
-their completion), of the time the rank blocked on it, and of its 'net' time (the last rank's call
-to its end, where the run shows it: the network model's own part). Goals (issue 14): step time
-within +-15 % for every case, per collective within +-25 % (those every steady step runs; 'coll'
-is the worst, 'in 25%' how many). The runs share the host with whatever else runs: the load
-average is printed with every case. --png draws the report (``write_png``, from the JSON alone):
-predicted vs measured step time per case, and the error of each collective every step runs.
+Predicted: the same spans in the simulated schedules (``merge_repeats``; each recording's own error
+is printed beside it and kept in the JSON under 'repeats'). Per collective (marker, kind,
+sync/async): the median over steady steps and ranks of issue-to-done as the rank saw it (a blocking
+call's return, an async one's wait, DDP's buckets their completion), of the time the rank blocked on
+it, and of its 'net' time (the last rank's call to its end, where the run shows it: the network
+model's own part). Goals (issue 14): step time within +-15 % for every case, per collective within
++-25 % (those every steady step runs; 'coll' is the worst, 'in 25%' how many). The runs share the
+host with whatever else runs: the load average is printed with every case. --png draws the report
+(``write_png``, from the JSON alone): predicted vs measured step time per case, and the error of
+each collective every step runs.
 """
 from __future__ import annotations
 
@@ -156,8 +157,8 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat:
                         local_world_size=local_world(plan, W), timeout_s=900)
     trainer_ms = max(r["train_seconds"] for r in trained) / max(1, trained[0]["steps"]) * 1e3
     return {"W": W, "plan": plan, "mode": mode, "repeat": repeat, "local_world_size": local_world(plan, W),
-            "trace": str(trace_dir), "trainer_step_ms": trainer_ms, "run_wall_s": time.perf_counter() - t0, "load_before": load0,
-            "load_after": _load()}
+            "trace": str(trace_dir), "trainer_step_ms": trainer_ms, "run_wall_s": time.perf_counter() - t0,
+            "load_before": load0, "load_after": _load()}
 
 
 def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float]]:
@@ -499,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="sim_validation_"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "
-          f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up) x {repeats} recordings, calibration {len(sizes)} sizes x "
-          f"{iters} iterations; files in {workdir}", flush=True)
+          f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up) x {repeats} recordings, "
+          f"calibration {len(sizes)} sizes x {iters} iterations; files in {workdir}", flush=True)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     baseline: list[dict[str, Any]] = []  # the same calibrations with the ranks resuming together

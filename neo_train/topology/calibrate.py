@@ -49,28 +49,28 @@ simulator uses them for the trace's asynchronous collectives.
 Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job, the
 others waiting; busy: the job cut into disjoint groups of that size running side by side, as a
 plan's node-local and cross-node groups do) and message size, cells taking turns iteration by
-iteration so that a noisy stretch of a shared host hits all of them alike. A call costs what the simulator charges for it: the
-collective starts when the last rank of its group calls, and every rank resumes when it ends. So an
-iteration's time is, per rank, its return minus the last rank's call (on the wall clock: one host,
-or synchronised clocks), averaged over the group's ranks (not the fastest rank: the slowest one
-holds the others up at the next collective); a cell's time is the *mean* over iterations (the
-simulator adds a cost to every call, so a step takes the sum of their expected costs; on a busy
-host a call's time has a long tail, which a median leaves out). *idle*: each call after a barrier.
-*busy* (``busy_s``): every rank computes before each call, as in training; then, as training issues
-its asynchronous collectives (the output dist, DDP's buckets), the same collective launched
-asynchronously, the ranks computing on while it progresses, then waited for: on a host whose cores
-the ranks' compute holds, the transport's threads wait for a core, which a collective the ranks
-wait in does not see. The ranks launch it together (a barrier first) and compute equally long
-(the same draw on every rank) before they wait, because training's ranks leave the previous
-collective together and compute alike while theirs is in flight; launched apart and drawn apart,
-the first rank to wait frees its core for the transport while the others still compute, and on a
-host with more ranks than cores the collective looks shorter than it is in training
+iteration so that a noisy stretch of a shared host hits all of them alike. A call costs what the
+simulator charges for it: the collective starts when the last rank of its group calls, and every
+rank resumes when it ends. So an iteration's time is, per rank, its return minus the last rank's
+call (on the wall clock: one host, or synchronised clocks), averaged over the group's ranks (not the
+fastest rank: the slowest one holds the others up at the next collective); a cell's time is the
+*mean* over iterations (the simulator adds a cost to every call, so a step takes the sum of their
+expected costs; on a busy host a call's time has a long tail, which a median leaves out). *idle*:
+each call after a barrier. *busy* (``busy_s``): every rank computes before each call, as in
+training; then, as training issues its asynchronous collectives (the output dist, DDP's buckets),
+the same collective launched asynchronously, the ranks computing on while it progresses, then waited
+for: on a host whose cores the ranks' compute holds, the transport's threads wait for a core, which
+a collective the ranks wait in does not see. The ranks launch it together (a barrier first) and
+compute equally long (the same draw on every rank) before they wait, because training's ranks leave
+the previous collective together and compute alike while theirs is in flight; launched apart and
+drawn apart, the first rank to wait frees its core for the transport while the others still compute,
+and on a host with more ranks than cores the collective looks shorter than it is in training
 (notes/sim_validation.md, 2026-11-24, morning). Its cost is fitted separately
 (``Calibration.async_kinds``): the duration D for which the simulator's rule for an asynchronous
-collective (it ends D after the last rank's launch returned; a rank's wait returns at the later
-of its start and that end) gives the measured mean return. Only the ``Communicator`` interface is
-used, so the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the
-result is read after the collective, which synchronises the stream).
+collective (it ends D after the last rank's launch returned; a rank's wait returns at the later of
+its start and that end) gives the measured mean return. Only the ``Communicator`` interface is used,
+so the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is
+read after the collective, which synchronises the stream).
 """
 from __future__ import annotations
 
