@@ -577,6 +577,11 @@ def test_each_rank_resumes_at_the_end_plus_its_own_lag(tmp_path):
     assert all(min(d.values()) == 0.0 for d in draws)
     assert np.mean([max(d.values()) for d in draws]) == pytest.approx(2e-3, rel=0.08)  # spread * g / (g - 1)
     assert np.mean([sum(d.values()) / 2 for d in draws]) == pytest.approx(1e-3, rel=0.08)  # the mean: spread
+    # a trace's even all-to-all is the calibration's all_to_allv: its latency, bytes and spread
+    even = {r: {"in_msg_size": 8, "dtype": "float"} for r in (0, 1)}
+    lat, comm = calibrated_collectives(cal)("all_to_all", [0, 1], even, "a2a", ())[0]
+    assert lat.seconds == cal.latency("all_to_allv", 2) > 0 and comm.rounds
+    assert len(calibrated_return_lags(cal, seed=0)("all_to_all", [0, 1], even)) == 2
 
 
 def test_async_collectives_use_the_calibration_for_launched_collectives(tmp_path):

@@ -154,6 +154,11 @@ def entry_sizes(kind: str, group: Sequence[int], by_rank: Mapping[int, Mapping[s
     raise ValueError(f"trace: no fabric sizes for collective {kind!r}")
 
 
+def _calibrated_kind(kind: str) -> str:
+    """The calibration's name of a trace's collective kind: an even all-to-all is an all_to_allv."""
+    return "all_to_allv" if kind == "all_to_all" else kind
+
+
 def calibrated_collectives(cal: Calibration):
     """A ``timeline_phases`` factory on the calibrated fabric: the kind's latency (a Compute: it
     holds no link) before its bytes on the fabric. An asynchronous collective (the trace's
@@ -163,7 +168,7 @@ def calibrated_collectives(cal: Calibration):
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
             return None
-        k = "all_to_allv" if kind == "all_to_all" else kind
+        k = _calibrated_kind(kind)
         if k not in KINDS + ("barrier",):
             raise ValueError(f"--calibration: the calibrated model has no {kind} (it models {', '.join(KINDS)}); "
                              f"collective {name}")
@@ -189,7 +194,7 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
     def lags(kind: str, group: list, by_rank: Mapping[int, dict]) -> dict[int, float]:
         g = len(group)
         asy = bool(by_rank[min(by_rank)].get("async"))
-        m = cal.spread("all_to_allv" if kind == "all_to_all" else kind, g, asy)  # 0 for a group of one
+        m = cal.spread(_calibrated_kind(kind), g, asy)  # 0 for a group of one
         if m <= 0:
             return {}
         out = dict(zip(group, rng.exponential(m * g / (g - 1), g).tolist()))
