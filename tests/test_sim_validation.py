@@ -466,7 +466,7 @@ def test_a_busy_calibration_runs_smaller_groups_side_by_side(tiled):
         assert samples == got[0][1]
         together = {(s["group"], s["groups_together"]) for s in samples}
         assert together == {(2, 2 if tiled is None else 1), (3, 1), (4, 1)}
-        # pooled: every timed iteration of both pairs made it into the figures (none left NaN)
+        # every pooled iteration was timed (an untimed one would leave its figure NaN)
         assert all(math.isfinite(s[k]) and s[k] >= 0 for s in samples for k in ("seconds", "first_s", "spread_s"))
 
 
