@@ -253,8 +253,7 @@ def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     first = rows[0]
     return first | _verdicts(per_step, colls) | {
         "trainer_step_ms": statistics.median(r["trainer_step_ms"] for r in rows),
-        "run_wall_s": sum(r["run_wall_s"] for r in rows), "load_before": first["load_before"],
-        "load_after": rows[-1]["load_after"], "sim_wall_s": sum(r["sim_wall_s"] for r in rows),
+        "run_wall_s": sum(r["run_wall_s"] for r in rows), "load_after": rows[-1]["load_after"], "sim_wall_s": sum(r["sim_wall_s"] for r in rows),
         "phases": sum(r["phases"] for r in rows), "repeats": [{k: r[k] for k in REPEAT_KEYS} for r in rows]}
 
 
@@ -525,9 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             # collective costs more the more its ranks compute meanwhile
             for mode in dict.fromkeys(m for w, p, m in cases if w == W):
                 gap, overlap, by_kind = run_duties([c for c in cases_w if c["mode"] == mode], warmup)
-                cal = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=by_kind or overlap, tag=mode)
+                overlap_s = by_kind or overlap
+                cal = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=overlap_s, tag=mode)
                 shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
-                jobs.append(("busy", mode, cal, gap, by_kind or overlap,
+                jobs.append(("busy", mode, cal, gap, overlap_s,
                              f", {mode} runs: compute bursts {gap * 1e3:.2f} ms, overlap {shown}"))
         for name, mode, cal, busy_s, overlap_s, shown in jobs:
             cals[f"{W}:{name}" + (f":{mode}" if mode else "")] = cal
