@@ -25,8 +25,8 @@ For each world size W (gloo ranks on this host, one torch thread each):
    ``neo-train calibrate --nproc W [--busy-ms X --overlap-ms Y]`` writes): every collective kind x group size
    2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
    per_rank) that fits better. A call's cost is what the simulator charges: the mean over
-   iterations and the group's ranks of (return - the last rank's call). --iters 21 per cell (with
-   7, two calibrations' predictions of one trace differed by up to 12 %). Two calibrations
+   iterations and the group's ranks of (return - the last rank's call). --iters CAL_BUDGET / W^2
+   per cell (84 at W = 2, 21 at W = 4; ``CAL_BUDGET`` says why). Two calibrations
    (--calibrations; default busy, the one the goals are judged on):
        idle    each call after a barrier, the ranks otherwise idle: the transport alone
        busy    one per mode, for that mode's runs. No barrier; before each call every rank
@@ -48,26 +48,31 @@ For each world size W (gloo ranks on this host, one torch thread each):
                and cross-node groups do (``measure_collectives(tiled=...)``). Until the evening
                of 2026-11-24 one busy calibration served both modes at the median of all runs
                (a plain run's asynchronous all-to-alls were charged a pipelined run's overlap),
-               and groups ran alone.
+               and groups ran alone. A second pass measures each small cell launched alone and
+               with a twin in flight on another group: what the company adds
+               (``KindFit.concurrent_s``; since the night of 2026-11-24).
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
    collective starting when the last rank of its group issues it, taking alpha + its bytes on
-   the calibrated fabric (an asynchronous one: the busy calibration's asynchronous fit), and the
-   ranks that waited for it resuming apart by the calibration's spread
+   the calibrated fabric (an asynchronous one: the busy calibration's asynchronous fit, plus its
+   ``concurrent_s`` when the trace's order shows another collective in flight with it on a rank,
+   ``trace_input.concurrent_collectives``), and the ranks that waited for it resuming apart by the
+   calibration's spread
    (``trace_sim.calibrated_return_lags``). The baseline, printed in the summary as "together":
    the same calibration refitted to the ranks' mean return, every rank resuming at the end (the
    model until 2026-11-24, afternoon).
 
 Measured step time: per step, the span from the trainer's step mark to the next, mean over ranks;
-the median over the steps after --warmup (default 4) of every recording of the case together.
-Predicted: the same spans in the simulated schedules (``merge_repeats``; each recording's own error
-is printed beside it and kept in the JSON under 'repeats'). Per collective (marker, kind,
-sync/async): the median over steady steps and ranks of issue-to-done as the rank saw it (a blocking
-call's return, an async one's wait, DDP's buckets their completion), of the time the rank blocked on
-it, and of its 'net' time (the last rank's call to its end, where the run shows it: the network
-model's own part). Goals (issue 14): step time within +-15 % for every case, per collective within
-+-25 % (those every steady step runs; 'coll' is the worst, 'in 25%' how many). The runs share the
+the mean (judged, ``JUDGED``) and the median over the steps after --warmup (default 4) of every
+recording of the case together. Predicted: the same spans in the simulated schedules
+(``merge_repeats``; each recording's own error is printed beside it and kept in the JSON under
+'repeats'). Per collective (marker, kind, sync/async): the mean (judged) and the median over steady
+steps and ranks of issue-to-done as the rank saw it (a blocking call's return, an async one's wait,
+DDP's buckets their completion), of the time the rank blocked on it, and the median of its 'net'
+time (the last rank's call to its end, where the run shows it: the network model's own part).
+Goals (issue 14): step time within +-15 % for every case, per collective within +-25 % (those every
+steady step runs; 'coll' is the worst, 'in 25%' how many). The runs share the
 host with whatever else runs: the load average is printed with every case. --png draws the report
 (``write_png``, from the JSON alone): predicted vs measured step time per case, and the error of
 each collective every step runs.
@@ -92,6 +97,12 @@ from report_io import write_outputs  # noqa: E402  (benchmarks/ is on the path: 
 from neo_train.testing import cpu_model, run_ranks  # noqa: E402
 
 PLANS = ("tw", "rw", "twrw", "mixed")
+CAL_BUDGET = 336
+"""Calibration iterations per cell: CAL_BUDGET / W^2 (84 at W = 2, 37 at W = 3, 21 at W = 4; ``--iters``
+overrides): an iteration costs about W^2 as much (W - 1 group sizes, each on more ranks: a W = 2
+calibration takes seconds, a W = 4 one most of a minute), and the noise is worst at W = 2, where
+two calibrations with 21 or 42 iterations predicted the same traces up to 7 - 8 points apart, with
+84 about 3 (notes/sim_validation.md, "2026-11-24, night")."""
 MODES = ("pipelined", "plain")
 STEP_GOAL, COLL_GOAL = 0.15, 0.25
 
@@ -214,7 +225,9 @@ def _verdicts(per_step: list[dict[str, Any]], collectives: list[dict[str, Any]])
     nan = float("nan")
     m, p = (statistics.median(s[k] for s in steady) if steady else nan for k in ("measured_s", "predicted_s"))
     mm, pm = (statistics.fmean(s[k] for s in steady) if steady else nan for k in ("measured_s", "predicted_s"))
-    colls = [dict(c, error=_ratio(c["predicted_s"], c["measured_s"])) for c in collectives]
+    # judged on means (JUDGED): the model charges each collective its calibrated mean
+    colls = [dict(c, error=_ratio(c.get("predicted_mean_s", c["predicted_s"]), c.get("measured_mean_s", c["measured_s"])),
+                  median_error=_ratio(c["predicted_s"], c["measured_s"])) for c in collectives]
     every_step = steady_collectives(colls, len(steady))
     worst = max((abs(c["error"]) for c in every_step), default=0.0)
     within = sum(abs(c["error"]) <= COLL_GOAL for c in every_step)
@@ -222,11 +235,18 @@ def _verdicts(per_step: list[dict[str, Any]], collectives: list[dict[str, Any]])
             "measured_step_mean_ms": mm * 1e3, "predicted_step_mean_ms": pm * 1e3, "step_mean_error": _ratio(pm, mm),
             "steady_steps": len(steady), "collectives": colls, "worst_collective_error": worst,
             "collectives_within_goal": [within, len(every_step)],
-            "step_ok": abs(_ratio(p, m)) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL, "per_step": per_step}
+            "step_ok": abs(_ratio(pm, mm)) <= STEP_GOAL, "collectives_ok": worst <= COLL_GOAL, "per_step": per_step}
 
 
 REPEAT_KEYS = ("repeat", "trace", "trainer_step_ms", "load_before", "load_after", "measured_step_ms",
-               "predicted_step_ms", "step_error", "worst_collective_error")
+               "predicted_step_ms", "step_error", "measured_step_mean_ms", "predicted_step_mean_ms", "step_mean_error",
+               "worst_collective_error")
+JUDGED = "mean"
+"""What the goals judge: the mean over steady steps (of the step time, of each collective's
+times), as the trainer's ms/step is a mean. Until the night of 2026-11-24 the median: the model charges every
+collective its calibrated *mean* (stalls included), and on this host's W = 2 a step's time is
+bimodal (a launch's steps flip between ~8 and ~14 ms), where a median jumps with the share of slow
+steps (notes/sim_validation.md, "2026-11-24, night"). Both are printed and kept in the JSON."""
 
 
 def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -246,9 +266,15 @@ def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
         v = [c[k] for c in cs if c.get(k) is not None]
         return statistics.median(v) if v else None
 
+    def mean(cs: list[dict[str, Any]], k: str) -> float | None:  # over every instance of the launches
+        v = [(c[k], c["n"]) for c in cs if c.get(k) is not None]
+        return sum(x * n for x, n in v) / sum(n for _, n in v) if v else None
+
     colls = [{"marker": m, "comms": k, "mode": mode, "n": sum(c["n"] for c in cs)}
              | {f: med(cs, f) for f in ("measured_s", "predicted_s", "measured_blocked_s", "predicted_blocked_s",
                                         "measured_net_s", "predicted_net_s")}
+             | {f: mean(cs, f) for f in ("measured_mean_s", "predicted_mean_s", "measured_blocked_mean_s",
+                                         "predicted_blocked_mean_s") if any(f in c for c in cs)}
              for (m, k, mode), cs in by_key.items()]
     first = rows[0]
     return first | _verdicts(per_step, colls) | {
@@ -275,7 +301,7 @@ def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, in
         mine = [r for r in rows if r["calibration"] == label]
         for W in sorted({r["W"] for r in mine}) + [0]:
             sel = [r for r in mine if W in (0, r["W"])]
-            errs = [r["step_error"] for r in sel]
+            errs = [r["step_mean_error"] for r in sel]
             out.append((label, W, sum(abs(e) <= STEP_GOAL for e in errs), len(sel), statistics.median(errs),
                         sum(r["collectives_within_goal"][0] for r in sel),
                         sum(r["collectives_within_goal"][1] for r in sel)))
@@ -347,21 +373,25 @@ def write_png(path: str, report: dict[str, Any]) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7 + max(7.0, 0.4 * len(cases)), 7.2),
                                    gridspec_kw={"width_ratios": [6, max(6.0, 0.4 * len(cases))]})
     # panel 1: predicted vs measured step time
-    ok = [r for r in rows if math.isfinite(r["measured_step_ms"]) and math.isfinite(r["predicted_step_ms"])]
-    top = max([r[k] for r in ok for k in ("measured_step_ms", "predicted_step_ms")], default=1.0) * 1.08
+    # the judged statistic: means (files written before then judged medians: read them so)
+    mean = report.get("args", {}).get("judged", "median") == "mean"
+    meas_k, pred_k, err_k = (("measured_step_mean_ms", "predicted_step_mean_ms", "step_mean_error") if mean
+                             else ("measured_step_ms", "predicted_step_ms", "step_error"))
+    ok = [r for r in rows if math.isfinite(r[meas_k]) and math.isfinite(r[pred_k])]
+    top = max([r[k] for r in ok for k in (meas_k, pred_k)], default=1.0) * 1.08
     xs = [0.0, top]
     ax1.fill_between(xs, [x * (1 - step_goal) for x in xs], [x * (1 + step_goal) for x in xs], color="0.88",
                      lw=0, zorder=0)
     ax1.plot(xs, xs, color="0.35", lw=1, zorder=1)
     for r in ok:
-        ax1.plot(r["measured_step_ms"], r["predicted_step_ms"], ls="none", marker=mode_marker[r["mode"]], ms=7,
+        ax1.plot(r[meas_k], r[pred_k], ls="none", marker=mode_marker[r["mode"]], ms=7,
                  color=w_color[r["W"]], fillstyle=fills[r["calibration"]], mew=1.4, zorder=3)
     ax1.set_xlim(0, top)
     ax1.set_ylim(0, top)
     ax1.set_aspect("equal")
-    ax1.set_xlabel("measured step time (ms, median over steady steps)")
+    ax1.set_xlabel(f"measured step time (ms, {'mean' if mean else 'median'} over steady steps)")
     ax1.set_ylabel("predicted step time (ms)")
-    within = {c: (sum(abs(r["step_error"]) <= step_goal for r in rows if r["calibration"] == c),
+    within = {c: (sum(abs(r[err_k]) <= step_goal for r in rows if r["calibration"] == c),
                   sum(r["calibration"] == c for r in rows)) for c in cals}
     ax1.set_title(f"step time: {_within_text(within)} cases within ±{step_goal:.0%}", fontsize=10)
     handles = [Line2D([], [], ls="none", marker="o", color=w_color[W], label=f"W = {W}") for W in worlds]
@@ -376,7 +406,7 @@ def write_png(path: str, report: dict[str, Any]) -> None:
 
     # panel 2: per-collective error per case, calibrations side by side in a case's column
     errs = [c["error"] for _, cs in steady for c in cs if math.isfinite(c["error"])]
-    errs += [r["step_error"] for r in rows if math.isfinite(r["step_error"])]
+    errs += [r[err_k] for r in rows if math.isfinite(r[err_k])]
     hi = min(max(errs + [0.4]) * 1.1 + 0.05, 1.5)  # past +150 %: drawn at the edge, the value written
     lo = max(min(errs + [-0.4]) * 1.1 - 0.05, -1.05)
     ax2.axhspan(-coll_goal, coll_goal, color="0.88", lw=0, zorder=0)
@@ -396,11 +426,11 @@ def write_png(path: str, report: dict[str, Any]) -> None:
             if c["error"] > y:
                 ax2.annotate(f"{c['error']:+.0%}", (x, y), xytext=(0, -6), textcoords="offset points", fontsize=6,
                              ha="center", va="top", rotation=90)
-        if math.isfinite(r["step_error"]):
-            y = min(r["step_error"], hi - 0.03)
+        if math.isfinite(r[err_k]):
+            y = min(r[err_k], hi - 0.03)
             ax2.plot(x0, y, ls="none", marker="_", ms=16, mew=2.2, color="k", zorder=4)
-            if r["step_error"] > y:
-                ax2.annotate(f"step {r['step_error']:+.0%}", (x0, y), xytext=(0, -6), textcoords="offset points",
+            if r[err_k] > y:
+                ax2.annotate(f"step {r[err_k]:+.0%}", (x0, y), xytext=(0, -6), textcoords="offset points",
                              fontsize=6, ha="center", va="top", rotation=90)
         if not cs:
             ax2.text(x0, 0.01, "none every step", transform=ax2.get_xaxis_transform(), fontsize=6, ha="center",
@@ -413,7 +443,7 @@ def write_png(path: str, report: dict[str, Any]) -> None:
     ax2.set_ylim(lo, hi)
     ax2.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax2.set_xticks(range(len(cases)), [f"W={W} {p} {m}" for W, p, m in cases], rotation=90, fontsize=8)
-    ax2.set_ylabel("predicted / measured - 1 (issue to done, median over steady steps)")
+    ax2.set_ylabel(f"predicted / measured - 1 (issue to done, {'mean' if mean else 'median'} over steady steps)")
     coll_within = {c: (sum(abs(x["error"]) <= coll_goal for r, cs in steady for x in cs if r["calibration"] == c),
                        sum(len(cs) for r, cs in steady if r["calibration"] == c)) for c in cals}
     notes = ([f"{', '.join(cals)} side by side per case"] if len(cals) > 1 else []) + (
@@ -452,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=-1, help="steps left out of the comparison (default 4)")
     ap.add_argument("--repeats", type=int, default=0,
                     help="recordings of each case, separate launches pooled (default 2, quick 1)")
-    ap.add_argument("--iters", type=int, default=0, help="calibration iterations per cell (default 21, quick 5)")
+    ap.add_argument("--iters", type=int, default=0,
+                    help=f"calibration iterations per cell (default {CAL_BUDGET} / W^2: 84 at W = 2, 21 at W = 4; quick 5)")
     ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
     ap.add_argument("--calibrations", default="busy",
                     help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
@@ -483,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c[0] in {int(w) for w in args.worlds.split(",")}]
     steps = args.steps or (14 if args.quick else 24)
     warmup = args.warmup if args.warmup >= 0 else 4
-    iters = args.iters or (5 if args.quick else 21)
+    def iters_for(W: int) -> int:
+        return args.iters or (5 if args.quick else max(1, round(CAL_BUDGET / W ** 2)))
     repeats = args.repeats or (1 if args.quick else 2)
     if args.repeats < 0 or args.iters < 0 or args.steps < 0:
         ap.error("--repeats, --iters and --steps must be positive")
@@ -500,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "
           f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up) x {repeats} recordings, "
-          f"calibration {len(sizes)} sizes x {iters} iterations; files in {workdir}", flush=True)
+          f"calibration {len(sizes)} sizes x {args.iters or ('5' if args.quick else f'{CAL_BUDGET} / W^2')} iterations; "
+          f"files in {workdir}", flush=True)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     baseline: list[dict[str, Any]] = []  # the same calibrations with the ranks resuming together
@@ -516,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         # (label, the mode whose runs it predicts or None for all, calibration, busy_s, overlap_s, shown)
         jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
         if "idle" in calibrations:
-            jobs.append(("idle", None, calibrate(W, sizes, iters, workdir), 0.0, 0.0, ""))
+            jobs.append(("idle", None, calibrate(W, sizes, iters_for(W), workdir), 0.0, 0.0, ""))
         if "busy" in calibrations:
             # one per mode, at its runs' duty: a pipelined run computes through its asynchronous
             # collectives (the ids' all-to-all under a whole forward), a plain one waits for them
@@ -525,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in dict.fromkeys(m for w, p, m in cases if w == W):
                 gap, overlap, by_kind = run_duties([c for c in cases_w if c["mode"] == mode], warmup)
                 overlap_s = by_kind or overlap
-                cal = calibrate(W, sizes, iters, workdir, busy_s=gap, overlap_s=overlap_s, tag=mode)
+                cal = calibrate(W, sizes, iters_for(W), workdir, busy_s=gap, overlap_s=overlap_s, tag=mode)
                 shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
                 jobs.append(("busy", mode, cal, gap, overlap_s,
                              f", {mode} runs: compute bursts {gap * 1e3:.2f} ms, overlap {shown}"))
@@ -542,35 +575,40 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 baseline.append(merge_repeats([c | predict(c, together, warmup) for c in mine])
                                 | {"calibration": f"{name}, together"})
-                each = (" (each recording: " + ", ".join(f"{x['step_error']:+.1%}" for x in row["repeats"]) + ")"
+                each = (" (each recording: " + ", ".join(f"{x['step_mean_error']:+.1%}" for x in row["repeats"]) + ")"
                         if repeats > 1 else "")
-                print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_ms']:7.2f} ms measured, "
-                      f"{row['predicted_step_ms']:7.2f} predicted ({row['step_error']:+6.1%}){each}; worst collective "
-                      f"{row['worst_collective_error']:6.1%}", flush=True)
-    print(f"\npredicted vs measured (medians over steady steps; 'coll' = the worst per-collective error of "
-          f"those every step runs; goals: step +-{STEP_GOAL:.0%}, collective +-{COLL_GOAL:.0%})")
-    print(f"{'W':>2} {'plan':<5} {'mode':<9} {'calib':<5} {'meas ms':>8} {'pred ms':>8} {'step err':>8} {'mean err':>8} "
+                print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_mean_ms']:7.2f} ms measured, "
+                      f"{row['predicted_step_mean_ms']:7.2f} predicted ({row['step_mean_error']:+6.1%}; median "
+                      f"{row['step_error']:+6.1%}){each}; worst collective {row['worst_collective_error']:6.1%}",
+                      flush=True)
+    print(f"\npredicted vs measured (means over steady steps, judged; the medians' error beside; 'coll' = the worst "
+          f"per-collective error of those every step runs, on means; goals: step +-{STEP_GOAL:.0%}, collective "
+          f"+-{COLL_GOAL:.0%})")
+    print(f"{'W':>2} {'plan':<5} {'mode':<9} {'calib':<5} {'meas ms':>8} {'pred ms':>8} {'step err':>8} {'median':>8} "
           f"{'coll':>7} {'in 25%':>6} {'trainer ms':>10} {'load':>9} verdict")
     for r in rows:
         verdict = "PASS" if r["step_ok"] and r["collectives_ok"] else (
             "step ok, collective FAIL" if r["step_ok"] else "FAIL")
-        print(f"{r['W']:>2} {r['plan']:<5} {r['mode']:<9} {r['calibration']:<5} {r['measured_step_ms']:8.2f} "
-              f"{r['predicted_step_ms']:8.2f} {r['step_error']:+8.1%} {r['step_mean_error']:+8.1%} "
+        print(f"{r['W']:>2} {r['plan']:<5} {r['mode']:<9} {r['calibration']:<5} {r['measured_step_mean_ms']:8.2f} "
+              f"{r['predicted_step_mean_ms']:8.2f} {r['step_mean_error']:+8.1%} {r['step_error']:+8.1%} "
               f"{r['worst_collective_error']:7.1%} {'%d/%d' % tuple(r['collectives_within_goal']):>6} "
               f"{r['trainer_step_ms']:10.2f} {r['load_before']:4.1f}-"
               f"{r['load_after']:<4.1f} {verdict}")
-    print("\nper collective, medians in ms, measured / predicted: took (issue to done, as the rank saw it) and its "
-          "error; blocked (the rank waiting in it); net (the last rank's call to the collective's end: the network "
-          "model's own part, where the run shows it)")
+    print("\nper collective, ms, measured / predicted: took (issue to done, as the rank saw it), its mean and its "
+          "error (judged), its median and that error; blocked (the rank waiting in it, mean); net (the last rank's "
+          "call to the collective's end, median: the network model's own part, where the run shows it)")
     for r in rows:
         print(f"W={r['W']} {r['plan']} {r['mode']} ({r['calibration']} calibration):")
         for c in r["collectives"]:
             net = (f"   net {c['measured_net_s'] * 1e3:7.3f} / {c['predicted_net_s'] * 1e3:7.3f}"
                    if c.get("measured_net_s") is not None else "")
-            print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} {c['measured_s'] * 1e3:8.3f} / "
-                  f"{c['predicted_s'] * 1e3:8.3f} {c['error']:+7.1%}   blocked {c['measured_blocked_s'] * 1e3:7.3f} / "
-                  f"{c['predicted_blocked_s'] * 1e3:7.3f}{net}")
-    print("\nper calibration and W: steps within the goal, median step error, collective rows within the goal "
+            print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} "
+                  f"{c.get('measured_mean_s', c['measured_s']) * 1e3:8.3f} / "
+                  f"{c.get('predicted_mean_s', c['predicted_s']) * 1e3:8.3f} {c['error']:+7.1%}   median "
+                  f"{c['measured_s'] * 1e3:7.3f} / {c['predicted_s'] * 1e3:7.3f} {c['median_error']:+7.1%}   blocked "
+                  f"{c.get('measured_blocked_mean_s', c['measured_blocked_s']) * 1e3:7.3f} / "
+                  f"{c.get('predicted_blocked_mean_s', c['predicted_blocked_s']) * 1e3:7.3f}{net}")
+    print("\nper calibration and W: steps within the goal, median over cases of the step error, collective rows within the goal "
           "('together': the same calibration without return lags, the ranks resuming together)")
     for label, W, within, n, med, cw, cn in summary_by_world(rows + baseline):
         print(f"  {label:<14} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
@@ -579,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
     report = {"benchmark": "sim_validation", "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()},
               "args": {"preset": cfg.name, "batch_size": cfg.train.batch_size, "steps": steps, "warmup": warmup,
-                       "iters": iters, "sizes": sizes, "quick": args.quick, "repeats": repeats},
+                       "iters": {W: iters_for(W) for W in sorted({c[0] for c in cases})}, "sizes": sizes,
+                       "quick": args.quick, "repeats": repeats, "judged": JUDGED},
               "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
               "rows": rows, "baseline_rows": baseline, "seconds": total}

@@ -30,7 +30,8 @@ copies). The fit minimises errors relative to the prediction (sizes span six ord
 with non-negative coefficients, reweighted until it settles, so that a cell is charged its mean
 (``_fit_kind``; relative to the measured times, the fit was biased towards the fastest cells).
 In the simulator a collective is a ``Compute`` of alpha (it holds no link) followed
-by its ``Comm``, so concurrent collectives share the fabric's bandwidth but not their latencies.
+by its ``Comm``, so concurrent collectives share the fabric's bandwidth but not their latencies
+(apart from what a busy calibration measured a companion in flight to add, below).
 
 The ranks waiting for a collective do not resume together: on a host with more busy threads than
 cores a rank whose data has arrived waits for a core, and the next collective waits for the last
@@ -44,7 +45,12 @@ size; the simulator draws each rank's lag around it (``trace_sim.calibrated_retu
 is fitted to.
 A busy calibration also fits the collectives launched asynchronously while the ranks compute
 (``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
-simulator uses them for the trace's asynchronous collectives.
+simulator uses them for the trace's asynchronous collectives. Training often has two in flight at
+once (the output dist beside the next batch's ids, the backward's beside DDP's bucket), and on a
+host whose cores the ranks hold each then takes longer: a busy calibration's second pass measures
+what that adds (``KindFit.concurrent_s``, per group size), and the simulator adds it to the
+asynchronous collectives the trace's order shows in company (``trace_input.concurrent_collectives``),
+once however many companions they have (one was measured).
 
 Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job, the
 others waiting; busy: the job cut into disjoint groups of that size running side by side, as a
@@ -68,13 +74,19 @@ and on a host with more ranks than cores the collective looks shorter than it is
 (notes/sim_validation.md, 2026-11-24, morning). Its cost is fitted separately
 (``Calibration.async_kinds``): the duration D for which the simulator's rule for an asynchronous
 collective (it ends D after the last rank's launch returned; a rank's wait returns at the later of
-its start and that end) gives the measured mean return. Only the ``Communicator`` interface is used,
+its start and that end) gives the measured mean return. Then a second pass (busy, cells up to
+``CONCURRENT_MAX_BYTES``): each launched asynchronously alone, and again with its twin on another
+group launched right behind it, each after a burst and a barrier; the two are fitted together with
+a latency column for the company, which is kept beside the first pass's asynchronous fit (the
+second pass's load differs from the first's: interleaved with it, its extra waits made every
+first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). Only the ``Communicator`` interface is used,
 so the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is
 read after the collective, which synchronises the stream).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -93,6 +105,9 @@ __all__ = ["Calibration", "KindFit", "CalibrationError", "KINDS", "FABRICS", "FO
            "measure_collectives", "fit_calibration", "fabric_comm", "nnls", "add_calibrate_arguments", "parse_sizes"]
 
 FORMAT = "neo_train.calibration/1"
+CONCURRENT_MAX_BYTES = 128 << 10
+"""The busy calibration's second pass (an asynchronous cell alone, then with a twin in flight)
+measures the sizes up to this: what the company adds is a latency."""
 KINDS = ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")
 FABRICS = ("shared", "per_rank")
 DEFAULT_SIZES = (16, 256, 4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20)
@@ -120,6 +135,10 @@ class KindFit:
     or a wait that blocked) of how long after the first of them each returned; alpha is then
     fitted to that first return. Empty: they return together, alpha fitted to their mean return
     (files written before the spread was measured). See the module docstring."""
+    concurrent_s: dict[int, float] = field(default_factory=dict)
+    """Asynchronous collectives, per group size: the latency added when another collective is in
+    flight on its ranks (a busy calibration's second pass: cells launched with a twin on another group;
+    fitted beside alpha). Empty: none measured (files written before it was)."""
 
 
 # ---- collectives on the calibrated fabric ----------------------------------------------------------
@@ -242,12 +261,17 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     larger of measured and predicted."""
     groups = sorted({int(r["group"]) for r in rows})
     col = {g: i for i, g in enumerate(groups)}
+    # cells launched with a twin in flight: their own latency column, what the company adds
+    pairs = sorted({int(r["group"]) for r in rows if r.get("concurrent")})
+    pcol = {g: len(groups) + i for i, g in enumerate(pairs)}
     # the ranks waiting for a collective return apart: fit when the first returned, keep the others' lag
     spread = all("first_s" in r and "spread_s" in r for r in rows)
     t = np.array([max(float(r["first_s"] if spread else r["seconds"]), 1e-7) for r in rows])
-    A = np.zeros((len(rows), len(groups) + 1))
+    A = np.zeros((len(rows), len(groups) + len(pairs) + 1))
     for i, r in enumerate(rows):
         A[i, col[int(r["group"])]] = 1.0
+        if r.get("concurrent"):
+            A[i, pcol[int(r["group"])]] = 1.0
         A[i, -1] = xs[i]
     # the start: absolute errors. Relative to the measured times instead, a cell measured near 0 (an
     # asynchronous collective done before its ranks waited) outweighed every other, pinned its group's
@@ -269,7 +293,8 @@ def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     if spread:
         lags = {g: float(np.mean([float(r["spread_s"]) for r in rows if int(r["group"]) == g])) for g in groups}
     return KindFit({g: float(coef[col[g]]) for g in groups}, float(coef[-1]), 1.0,
-                   float(np.sqrt(np.mean(rel ** 2))), float(np.abs(rel).max()), len(rows), lags)
+                   float(np.sqrt(np.mean(rel ** 2))), float(np.abs(rel).max()), len(rows), lags,
+                   {g: float(coef[pcol[g]]) for g in pairs})
 
 
 def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, transport: str, device: str,
@@ -318,10 +343,16 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
     kinds = {k: _relative(f, beta_ref) for k, f in fits.items()}
     async_kinds = {}
     for kind in KINDS:
-        rows = [s for s in samples if s.get("async") and s["kind"] == kind]
+        rows = [s for s in samples if s.get("async") and s["kind"] == kind and not s.get("pass")]
         if rows:
             xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in rows]
-            async_kinds[kind] = _relative(_fit_kind(rows, xs), beta_ref)
+            fit = _fit_kind(rows, xs)
+            # the second pass (alone, then with a twin in flight): what the company adds, to the first's fit
+            second = [s for s in samples if s.get("async") and s["kind"] == kind and s.get("pass") == "concurrent"]
+            if any(r.get("concurrent") for r in second):
+                xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in second]
+                fit = dataclasses.replace(fit, concurrent_s=_fit_kind(second, xs).concurrent_s)
+            async_kinds[kind] = _relative(fit, beta_ref)
     return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,
                        [dict(s) for s in samples], dict(meta or {}), async_kinds=async_kinds)
 
@@ -329,7 +360,7 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
 def _relative(f: KindFit, beta_ref: float) -> KindFit:
     """``f`` with its byte factor: its beta relative to the all-to-all's (the fabric's 1 / C)."""
     return KindFit(f.latency_s, f.seconds_per_byte, f.seconds_per_byte / beta_ref, f.rms_rel_err, f.max_rel_err,
-                   f.samples, f.spread_s)
+                   f.samples, f.spread_s, f.concurrent_s)
 
 
 # ---- the calibration --------------------------------------------------------------------------------
@@ -378,16 +409,19 @@ class Calibration:
                                    f"calibrate with that collective")
         return self.kinds[k]
 
-    def latency(self, kind: str, group_size: int, async_op: bool = False) -> float:
+    def latency(self, kind: str, group_size: int, async_op: bool = False, concurrent: bool = False) -> float:
         """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one);
-        ``async_op``: launched asynchronously (``fit_for``)."""
+        ``async_op``: launched asynchronously (``fit_for``); ``concurrent``: with other collectives
+        in flight on its ranks (adds ``KindFit.concurrent_s`` where the fit has it, once: the
+        calibration measures one companion; charging it per companion over-predicted W = 3, 4 mixed
+        plans by 13 - 21 %, notes/sim_validation.md, "2026-11-24, night")."""
         if group_size < 2:
             return 0.0
         fit = self.fit_for(kind, async_op)
         if group_size not in fit.latency_s:
             raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
                                    f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
-        return fit.latency_s[group_size]
+        return fit.latency_s[group_size] + (fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0)
 
     def spread(self, kind: str, group_size: int, async_op: bool = False) -> float:
         """``KindFit.spread_s``: the mean lag of the ranks waiting for a collective behind the first
@@ -500,11 +534,16 @@ class Calibration:
                 if not isinstance(lag, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in lag):
                     raise CalibrationError(f"{where}: field '{key}.{k}.spread_s' must be an object "
                                            f"{{group size >= 2: seconds}}, got {lag!r}")
+                company = f.get("concurrent_s") or {}  # absent in files written before it was measured
+                if not isinstance(company, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in company):
+                    raise CalibrationError(f"{where}: field '{key}.{k}.concurrent_s' must be an object "
+                                           f"{{group size >= 2: seconds}}, got {company!r}")
                 out[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"{key}.{k}.seconds_per_byte"),
                                  num(f.get("byte_factor"), f"{key}.{k}.byte_factor"),
                                  float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
                                  int(f.get("samples") or 0),
-                                 {int(g): num(v, f"{key}.{k}.spread_s.{g}") for g, v in lag.items()})
+                                 {int(g): num(v, f"{key}.{k}.spread_s.{g}") for g, v in lag.items()},
+                                 {int(g): num(v, f"{key}.{k}.concurrent_s.{g}") for g, v in company.items()})
             return out
 
         return cls(data["transport"], data["device"], W, data["fabric"], bw, fits(kinds_raw, "kinds"),
@@ -521,6 +560,8 @@ class Calibration:
                 lat = ", ".join(f"g={g}: {a * 1e6:.0f} us" for g, a in sorted(f.latency_s.items()))
                 lag = (f"; ranks return {', '.join(f'{v * 1e6:.0f}' for _, v in sorted(f.spread_s.items()))} us after "
                        f"the first" if f.spread_s else "")
+                lag += (f"; with another in flight +{', '.join(f'{v * 1e6:.0f}' for _, v in sorted(f.concurrent_s.items()))} "
+                        f"us" if f.concurrent_s else "")
                 lines.append(f"  {k + mode:<21} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms "
                              f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples{lag}")
         return "\n".join(lines)
@@ -532,6 +573,7 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
                 "seconds_per_byte": f.seconds_per_byte, "byte_factor": f.byte_factor, "rms_rel_err": f.rms_rel_err,
                 "max_rel_err": f.max_rel_err, "samples": f.samples}
             | ({"spread_s": {str(g): v for g, v in sorted(f.spread_s.items())}} if f.spread_s else {})
+            | ({"concurrent_s": {str(g): v for g, v in sorted(f.concurrent_s.items())}} if f.concurrent_s else {})
             for k, f in fits.items()}
 
 
@@ -540,7 +582,8 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
 def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kinds: Sequence[str] = KINDS,
                         groups: Sequence[int] | None = None, iters: int = 7, warmup: int = 2,
                         busy_s: float = 0.0, overlap_s: float | Mapping[str, float] | None = None,
-                        seed: int = 0, tiled: bool | None = None) -> list[dict[str, Any]]:
+                        seed: int = 0, tiled: bool | None = None, concurrent: bool | None = None
+                        ) -> list[dict[str, Any]]:
     """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
     Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
     group, bytes, seconds (the mean over iterations of ``_call_seconds``), p25 / p50 / p75 of the
@@ -563,7 +606,12 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     plan's node-local and cross-node groups run in training; otherwise ranks 0..g-1 alone, the
     others idle (the transport alone). On a host with fewer cores than ranks the groups' collectives
     compete for the cores: training's g = 2 ranks returned 0.9 - 1.2 ms apart at W = 4, ranks 0, 1
-    alone 0.7, tiled 0.9 (notes/sim_validation.md, "launches, calibration noise, tiled groups")."""
+    alone 0.7, tiled 0.9 (notes/sim_validation.md, "launches, calibration noise, tiled groups").
+
+    ``concurrent`` (default: when busy): a second pass over the cells up to
+    ``CONCURRENT_MAX_BYTES``, each launched asynchronously alone and then with its twin on another
+    group of the same ranks right behind it (samples with ``pass`` "concurrent" and ``concurrent``
+    false / true; ``fit_calibration`` turns their difference into ``KindFit.concurrent_s``)."""
     import random
 
     import torch
@@ -595,31 +643,24 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             if rank in members:
                 subs[g] = sub
     cells = [(k, g, s) for k in kinds for g in groups for s in sizes]
-    ops = {}
-    for k, g, s in cells:
-        sub = subs.get(g)
-        if sub is None:
-            continue
-        n = max(g, (int(s) // 4) // g * g)  # float32 elements, a multiple of g
-        x = torch.ones(n, device=device)
-        if k == "all_to_allv":
-            sp = [n // g] * g
-            ops[(k, g, s)] = lambda a, sub=sub, x=x, sp=sp: sub.all_to_all_v(x, sp, sp, async_op=a, tag="calibrate")
-        elif k == "all_reduce":
-            ops[(k, g, s)] = lambda a, sub=sub, x=x: sub.all_reduce(x.clone(), async_op=a, tag="calibrate")
-        elif k == "all_gather":
-            ops[(k, g, s)] = lambda a, sub=sub, x=x, g=g, n=n: sub.all_gather_v(x, [n] * g, async_op=a, tag="calibrate")
-        elif k == "reduce_scatter":
-            ops[(k, g, s)] = lambda a, sub=sub, x=x, g=g, n=n: sub.reduce_scatter_v(x, [n // g] * g, async_op=a,
-                                                                                    tag="calibrate")
-        else:
-            raise ValueError(f"measure_collectives: unknown kind {k!r} (known: {KINDS})")
+    ops = {cell: _cell_op(cell, subs[cell[1]], device) for cell in cells if cell[1] in subs}
+    # busy: a twin of every group, for a cell launched with its twin right behind (two collectives in flight)
+    twin_ops = {}
+    concurrent = busy_s > 0 if concurrent is None else bool(concurrent) and busy_s > 0
+    if concurrent:
+        twins = {}
+        for g in groups:
+            for j, members in enumerate(tiles[g]):
+                sub = comm.subgroup(members, name=f"calibrate{g}_twin" + (f"_{j}" if j else ""))
+                if rank in members:
+                    twins[g] = sub
+        twin_ops = {cell: _cell_op(cell, twins[cell[1]], device) for cell in cells if cell[1] in twins}
     rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
     rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
     work = torch.randn(96, 96, device=device)
     # per cell and iteration, wall-clock ns: a blocking call and its return; with busy_s an
     # asynchronous launch's return, the start of its wait and the wait's return
-    t = np.full((5, len(cells), warmup + iters), np.nan)
+    t = np.full((11, len(cells), warmup + iters), np.nan)
     for it in range(warmup + iters):
         for c, cell in enumerate(cells):
             if busy_s > 0:  # no barrier: the collectives themselves keep the ranks in step, as in training
@@ -644,8 +685,33 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                     t[3, c, it] = time.time_ns()
                     _synchronised(handle.wait())
                     t[4, c, it] = time.time_ns()
+    # busy: a second pass, each cell launched asynchronously alone and then with its twin right behind
+    # on another group (as training's output dist with the next batch's ids in flight, or the
+    # backward's with DDP's bucket), after a burst and a barrier each: what the company adds is the
+    # difference of the two under the same load. Apart from the first pass: interleaved, its waits
+    # left the ranks computing less of the time and the first pass's cells came out faster (steps
+    # predicted 4 - 13 points lower at W = 3, 4). Up to CONCURRENT_MAX_BYTES: a latency.
+    pair_cells = [c for c, cell in enumerate(cells) if cell[2] <= CONCURRENT_MAX_BYTES] if concurrent else []
+    for it in range(warmup + iters if pair_cells else 0):
+        for c in pair_cells:
+            cell = cells[c]
+            op = ops.get(cell)
+            for j, company in ((5, False), (8, True)):
+                _busy(work, busy_s * rng.uniform(0.5, 1.5))
+                comm.barrier()
+                overlap = overlap_of[cell[0]] * rng_overlap.uniform(0.0, 2.0)
+                if op is not None:
+                    handle = op(True)
+                    t[j, c, it] = time.time_ns()
+                    other = twin_ops[cell](True) if company else None
+                    _busy(work, overlap)
+                    t[j + 1, c, it] = time.time_ns()
+                    _synchronised(handle.wait())
+                    t[j + 2, c, it] = time.time_ns()
+                    if other is not None:
+                        _synchronised(other.wait())
     mine = torch.tensor(t[:, :, warmup:].reshape(-1), dtype=torch.float64, device=device)
-    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 5, len(cells), iters)
+    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 11, len(cells), iters)
     out = []
     for c, (k, g, s) in enumerate(cells):
         n = max(g, (int(s) // 4) // g * g)
@@ -661,7 +727,32 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         if busy_s > 0:
             d, first, spread = _async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4])
             out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread, "async": True})
+        if c in pair_cells:  # the second pass: alone, then with its twin in flight
+            for j, company in ((5, False), (8, True)):
+                d, first, spread = _async_seconds(mine_g[:, j], mine_g[:, j + 1], mine_g[:, j + 2])
+                out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread,
+                                   "async": True, "pass": "concurrent", "concurrent": company})
     return out
+
+
+def _cell_op(cell: tuple[str, int, int], sub: Any, device: Any) -> Any:
+    """The calibration cell (kind, group size, bytes) on the group ``sub``: a function of async_op
+    that issues it (float32 ones, a multiple of the group size)."""
+    import torch
+
+    k, g, s = cell
+    n = max(g, (int(s) // 4) // g * g)
+    x = torch.ones(n, device=device)
+    if k == "all_to_allv":
+        sp = [n // g] * g
+        return lambda a: sub.all_to_all_v(x, sp, sp, async_op=a, tag="calibrate")
+    if k == "all_reduce":
+        return lambda a: sub.all_reduce(x.clone(), async_op=a, tag="calibrate")
+    if k == "all_gather":
+        return lambda a: sub.all_gather_v(x, [n] * g, async_op=a, tag="calibrate")
+    if k == "reduce_scatter":
+        return lambda a: sub.reduce_scatter_v(x, [n // g] * g, async_op=a, tag="calibrate")
+    raise ValueError(f"measure_collectives: unknown kind {k!r} (known: {KINDS})")
 
 
 def _synchronised(out: Any) -> None:

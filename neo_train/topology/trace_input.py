@@ -37,12 +37,16 @@ before it returns, and a launch that the host slowed delays the peers), after th
 the collective factory adds (e.g. a calibration's alpha), so a late rank delays the others
 exactly as in the run. A rank waiting for a collective (its blocking call, or a wait) resumes at
 its end, or with ``return_lags`` (a calibration's, ``trace_sim.calibrated_return_lags``) at the
-later of its arrival and the end plus its own lag. ``rank_timelines`` reads the blocks; a trace
-without the fields is an error naming the file, rank, entry and field.
+later of its arrival and the end plus its own lag. An asynchronous collective that the recorded
+order shows in company (other collectives issued on a rank between its launch and its wait, or in
+flight across its launch: ``concurrent_collectives``) reaches the factory with ``_concurrent`` (how
+many) in its entries (a calibration charges what company costs). ``rank_timelines`` reads the
+blocks; a trace without the fields is an error naming the file, rank, entry and field.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +59,8 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "ReturnLags"]
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "ReturnLags",
+           "concurrent_collectives"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -567,6 +572,7 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
     rank resumes after its end when it waited for it, in its blocking call or its wait (default:
     all at once)."""
     blocks, colls = rank_timelines(traces)
+    concurrent = concurrent_collectives(blocks)
     lags: dict[tuple, Mapping[int, float]] = {}
     phases: list[Phase] = []
     arrivals: dict[tuple, list[str]] = {}
@@ -577,6 +583,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         e0 = by_rank[min(by_rank)]
         kind = _comm_name(e0)
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
+        if key in concurrent:  # the factory sees how many others were in flight with it on a rank
+            by_rank = {r: dict(e, _concurrent=concurrent[key]) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
         if made is None:
             local.add(key)
@@ -626,6 +634,40 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         phases[i] = Compute(p.name, p.seconds, tuple(names)) if isinstance(p, Compute) else Comm(
             p.name, p.rounds, tuple(names), p.collective, p.algorithm, p.payload)
     return Timeline(phases, blocks, nodes, bounds, comm_end, colls, local)
+
+
+def concurrent_collectives(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, int]:
+    """{key: company} for the asynchronous collectives that other collectives kept company on some
+    rank: how many were issued there (blocking or not) between their launch and their wait, or were
+    launched before and waited for after their launch; the most over the ranks. By the recorded
+    order alone, not by times: collectives in flight at once share the ranks' cores and the
+    transport's threads (a busy calibration measures what one companion adds,
+    ``KindFit.concurrent_s``, and ``Calibration.latency`` charges it once). One never waited for
+    counts as a point at its launch."""
+    out: dict[tuple, int] = {}
+    for mine in blocks.values():
+        spans: dict[tuple, list[int]] = {}  # key -> [launch order, wait order]; a blocking call: one point
+        for b in mine:
+            if b.kind == "call":
+                spans[b.colls[0]] = [b.order, b.order]
+            else:
+                for k in b.colls:
+                    if k in spans:
+                        spans[k][1] = b.order
+        items = sorted(spans.items(), key=lambda kv: kv[1][0])  # by launch (orders are distinct on a rank)
+        open_ends: list[int] = []  # ends of the spans before that may still be open
+        for i, (k, (a, w)) in enumerate(items):
+            open_ends = [e for e in open_ends if e > a]  # those launched before and waited for after a
+            if a != w:
+                n = len(open_ends)
+                for _, (a2, _) in items[i + 1:]:  # those launched after, before w
+                    if a2 >= w:
+                        break
+                    n += 1
+                if n:
+                    out[k] = max(out.get(k, 0), n)
+            open_ends.append(w)
+    return out
 
 
 def _resume(phases: list[Phase], rank: int, key: tuple, comm_end: str, lags: Mapping[tuple, Mapping[int, float]]) -> str:

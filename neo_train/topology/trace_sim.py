@@ -163,7 +163,8 @@ def calibrated_collectives(cal: Calibration):
     """A ``timeline_phases`` factory on the calibrated fabric: the kind's latency (a Compute: it
     holds no link) before its bytes on the fabric. An asynchronous collective (the trace's
     ``async``) takes the calibration's fit for collectives launched while the ranks compute, where
-    it has one (``Calibration.async_kinds``: a busy calibration's)."""
+    it has one (``Calibration.async_kinds``: a busy calibration's), and what company in flight
+    with it adds (``_concurrent`` in its entries, ``trace_input.concurrent_collectives``)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -172,8 +173,9 @@ def calibrated_collectives(cal: Calibration):
         if k not in KINDS + ("barrier",):
             raise ValueError(f"--calibration: the calibrated model has no {kind} (it models {', '.join(KINDS)}); "
                              f"collective {name}")
-        asy = bool(by_rank[min(by_rank)].get("async"))
-        lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy), after)
+        e0 = by_rank[min(by_rank)]
+        asy = bool(e0.get("async"))
+        lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent"))), after)
         comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy)
         return [lat, comm], comm.name
 
@@ -333,7 +335,11 @@ def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = WARMUP_S
             continue
         colls.append({"marker": m, "comms": c, "mode": mode, "n": len(v["measured_s"]),
                       "measured_s": statistics.median(v["measured_s"]), "predicted_s": statistics.median(v["predicted_s"]),
+                      "measured_mean_s": statistics.fmean(v["measured_s"]),
+                      "predicted_mean_s": statistics.fmean(v["predicted_s"]),
                       "measured_blocked_s": statistics.median(v["mb"]), "predicted_blocked_s": statistics.median(v["pb"]),
+                      "measured_blocked_mean_s": statistics.fmean(v["mb"]),
+                      "predicted_blocked_mean_s": statistics.fmean(v["pb"]),
                       "measured_net_s": statistics.median(v["mn"]) if v.get("mn") else None,
                       "predicted_net_s": statistics.median(v["pn"]) if v.get("pn") else None})
     return TraceValidation(steps, colls, warmup_steps)
