@@ -690,7 +690,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     # backward's with DDP's bucket), after a burst and a barrier each: what the company adds is the
     # difference of the two under the same load. Apart from the first pass: interleaved, its waits
     # left the ranks computing less of the time and the first pass's cells came out faster (steps
-    # predicted 4 - 13 points lower at W = 3, 4). Up to CONCURRENT_MAX_BYTES: a latency.
+    # predicted 4 - 18 points lower at W = 3, 4). Up to CONCURRENT_MAX_BYTES: a latency.
     pair_cells = [c for c, cell in enumerate(cells) if cell[2] <= CONCURRENT_MAX_BYTES] if concurrent else []
     for it in range(warmup + iters if pair_cells else 0):
         for c in pair_cells:
@@ -882,7 +882,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                         "default auto: tiled with --busy-ms, first without")
     p.add_argument("--busy-ms", type=nonnegative_float, default=0.0,
                    help="every rank computes for about this long before each call (the run's compute between "
-                        "collectives): calibrates the transport on a host whose ranks are CPU-bound (default 0: idle)")
+                        "collectives): calibrates the transport on a host whose ranks are CPU-bound, asynchronous "
+                        "collectives too, alone and with a second one in flight (default 0: idle)")
     p.add_argument("--overlap-ms", default=None,
                    help="with --busy-ms: the ranks' mean compute while an asynchronous collective is in flight (the "
                         "run's), one number or per kind, e.g. all_reduce=1.2,all_to_allv=0.9 (`neo-train simulate "

@@ -46,7 +46,6 @@ blocks; a trace without the fields is an error naming the file, rank, entry and 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path

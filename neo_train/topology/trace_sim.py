@@ -213,8 +213,8 @@ class TraceValidation:
     steps: list[dict[str, Any]]
     """Per step: measured_s, predicted_s (means over ranks of the step's span), steady (counted)."""
     collectives: list[dict[str, Any]]
-    """Per (marker, collective, sync/async): instances, medians of measured / predicted duration
-    (issue to done, as the rank saw it) and of blocked time (the rank waiting for it)."""
+    """Per (marker, collective, sync/async): instances, medians and means of measured / predicted
+    duration (issue to done, as the rank saw it) and of blocked time (the rank waiting for it)."""
     warmup_steps: int
 
     def steady(self) -> list[dict[str, Any]]:
