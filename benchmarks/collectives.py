@@ -170,18 +170,13 @@ def _moved(op: str, W: int, size: int) -> float:
     return (W - 1) * size if op == "all_to_all_v" else 2 * (W - 1) / W * (W * size)
 
 
-def _calibrate_body(comm, sizes, iters: int, busy_s: float):
-    from neo_train.topology.calibrate import DEFAULT_SIZES, measure_collectives
-
-    return measure_collectives(comm, sizes=sizes or DEFAULT_SIZES, iters=iters, busy_s=busy_s)
-
-
 def _calibrate(path: str, W: int, sizes: list[int] | None, iters: int, busy_s: float) -> int:
     """Measure and fit the simulator's calibration on W local gloo ranks; write it to ``path``."""
-    from neo_train.topology.calibrate import fit_calibration
+    from neo_train.cli import _calibrate_rank
+    from neo_train.topology.calibrate import DEFAULT_SIZES, fit_calibration
 
     load, t0 = os.getloadavg()[0], time.perf_counter()
-    samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, timeout_s=1800)[0]
+    samples = run_ranks(_calibrate_rank, W, sizes or list(DEFAULT_SIZES), iters, busy_s, None, timeout_s=1800)[0]
     meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load, "load_after": os.getloadavg()[0],
             "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s}
     cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)

@@ -107,12 +107,6 @@ MODES = ("pipelined", "plain")
 STEP_GOAL, COLL_GOAL = 0.15, 0.25
 
 
-def _calibrate_body(comm, sizes: list[int], iters: int, busy_s: float, overlap_s: float | dict[str, float] | None = None):
-    from neo_train.topology.calibrate import measure_collectives
-
-    return measure_collectives(comm, sizes=sizes, iters=iters, busy_s=busy_s, overlap_s=overlap_s)
-
-
 def _train_body(comm, cfg, plan_json: str, trace_dir: str):
     """``neo-train train --trace-dir``'s path: the job's communicator (tracer outermost), the
     trainer's loop, every rank dumping its trace."""
@@ -251,9 +245,9 @@ steps (notes/sim_validation.md, "2026-11-24, night"). Both are printed and kept 
 
 def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One case recorded several times (each a ``record`` | ``predict`` row) as one row: its step
-    times over the steady steps of every recording together, each collective's medians the median
-    over the recordings of theirs (instances summed), the verdicts on those; each recording's own
-    figures under 'repeats'. The recordings are separate launches: a launch's own luck (how its
+    times over the steady steps of every recording together, each collective's means over every
+    instance of the recordings and its medians the median of theirs (instances summed), the
+    verdicts on those (``_verdicts``: the means); each recording's own figures under 'repeats'. The recordings are separate launches: a launch's own luck (how its
     ranks land on the cores) is shared by all its steps, so more launches, not more steps, average
     it out (notes/sim_validation.md, "launches, calibration noise, tiled groups")."""
     per_step = [dict(s, repeat=r["repeat"]) for r in rows for s in r["per_step"]]
@@ -310,11 +304,12 @@ def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, in
 
 def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0,
               overlap_s: float | dict[str, float] | None = None, tag: str = ""):
+    from neo_train.cli import _calibrate_rank
     from neo_train.topology.calibrate import fit_calibration
 
     t0 = time.perf_counter()
     load0 = _load()
-    samples = run_ranks(_calibrate_body, W, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]
+    samples = run_ranks(_calibrate_rank, W, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]  # neo-train calibrate's
     meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load0, "load_after": _load(),
             "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s,
             "groups": "tiled" if busy_s else "first",
@@ -514,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c[0] in {int(w) for w in args.worlds.split(",")}]
     steps = args.steps or (14 if args.quick else 24)
     warmup = args.warmup if args.warmup >= 0 else 4
+
     def iters_for(W: int) -> int:
         return args.iters or (5 if args.quick else max(1, round(CAL_BUDGET / W ** 2)))
     repeats = args.repeats or (1 if args.quick else 2)

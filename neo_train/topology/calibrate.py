@@ -636,31 +636,58 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     # run every cell at once, as a plan's node-local and cross-node groups do; a rank outside them idles
     tiled = busy_s > 0 if tiled is None else bool(tiled)
     tiles = {g: [list(range(j * g, (j + 1) * g)) for j in range(W // g if tiled else 1)] for g in groups}
-    subs = {}
-    for g in groups:  # every rank takes part in creating every group
-        for j, members in enumerate(tiles[g]):
-            sub = comm if g == W else comm.subgroup(members, name=f"calibrate{g}" + (f"_{j}" if j else ""))
-            if rank in members:
-                subs[g] = sub
+
+    def groups_of(suffix: str) -> dict[int, Any]:
+        """This rank's group of each size, named calibrate{g}{suffix}[_j]; every rank takes part in
+        creating every group. The world itself for g = W, except for a twin."""
+        found = {}
+        for g in groups:
+            for j, members in enumerate(tiles[g]):
+                name = f"calibrate{g}{suffix}" + (f"_{j}" if j else "")
+                sub = comm if g == W and not suffix else comm.subgroup(members, name=name)
+                if rank in members:
+                    found[g] = sub
+        return found
+
     cells = [(k, g, s) for k in kinds for g in groups for s in sizes]
+    subs = groups_of("")
     ops = {cell: _cell_op(cell, subs[cell[1]], device) for cell in cells if cell[1] in subs}
     # busy: a twin of every group, for a cell launched with its twin right behind (two collectives in flight)
     twin_ops = {}
     concurrent = busy_s > 0 if concurrent is None else bool(concurrent) and busy_s > 0
     if concurrent:
-        twins = {}
-        for g in groups:
-            for j, members in enumerate(tiles[g]):
-                sub = comm.subgroup(members, name=f"calibrate{g}_twin" + (f"_{j}" if j else ""))
-                if rank in members:
-                    twins[g] = sub
+        twins = groups_of("_twin")
         twin_ops = {cell: _cell_op(cell, twins[cell[1]], device) for cell in cells if cell[1] in twins}
     rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
     rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
     work = torch.randn(96, 96, device=device)
-    # per cell and iteration, wall-clock ns: a blocking call and its return; with busy_s an
-    # asynchronous launch's return, the start of its wait and the wait's return
+    # per cell and iteration, wall-clock ns: a blocking call and its return (rows 0, 1); with busy_s an
+    # asynchronous launch's return, the start of its wait and the wait's return (2 - 4), and in the
+    # second pass the same alone (5 - 7) and with its twin (8 - 10)
     t = np.full((11, len(cells), warmup + iters), np.nan)
+
+    def launched(c: int, it: int, j: int, company: bool = False) -> None:
+        """A burst, then cell c launched asynchronously (``company``: its twin right behind it),
+        computed over, waited for: t[j], t[j + 1], t[j + 2] its launch's return, its wait's start
+        and return."""
+        _busy(work, busy_s * rng.uniform(0.5, 1.5))
+        # launched together and overlapped alike, as training's ranks, which leave their previous
+        # collective together; every rank draws, in the group or not, so the draws stay the same
+        comm.barrier()
+        overlap = overlap_of[cells[c][0]] * rng_overlap.uniform(0.0, 2.0)
+        op = ops.get(cells[c])
+        if op is None:
+            return
+        handle = op(True)
+        t[j, c, it] = time.time_ns()  # launched: the simulator starts it once the last rank is here
+        other = twin_ops[cells[c]](True) if company else None
+        _busy(work, overlap)
+        t[j + 1, c, it] = time.time_ns()
+        _synchronised(handle.wait())
+        t[j + 2, c, it] = time.time_ns()
+        if other is not None:
+            _synchronised(other.wait())
+
     for it in range(warmup + iters):
         for c, cell in enumerate(cells):
             if busy_s > 0:  # no barrier: the collectives themselves keep the ranks in step, as in training
@@ -673,18 +700,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                 _synchronised(op(False))
                 t[1, c, it] = time.time_ns()
             if busy_s > 0:
-                _busy(work, busy_s * rng.uniform(0.5, 1.5))
-                # launched together and overlapped alike, as training's ranks, which leave their previous
-                # collective together; every rank draws, in the group or not, so the draws stay the same
-                comm.barrier()
-                overlap = overlap_of[cell[0]] * rng_overlap.uniform(0.0, 2.0)
-                if op is not None:
-                    handle = op(True)
-                    t[2, c, it] = time.time_ns()  # launched: the simulator starts it once the last rank is here
-                    _busy(work, overlap)
-                    t[3, c, it] = time.time_ns()
-                    _synchronised(handle.wait())
-                    t[4, c, it] = time.time_ns()
+                launched(c, it, 2)
     # busy: a second pass, each cell launched asynchronously alone and then with its twin right behind
     # on another group (as training's output dist with the next batch's ids in flight, or the
     # backward's with DDP's bucket), after a burst and a barrier each: what the company adds is the
@@ -694,54 +710,44 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     pair_cells = [c for c, cell in enumerate(cells) if cell[2] <= CONCURRENT_MAX_BYTES] if concurrent else []
     for it in range(warmup + iters if pair_cells else 0):
         for c in pair_cells:
-            cell = cells[c]
-            op = ops.get(cell)
-            for j, company in ((5, False), (8, True)):
-                _busy(work, busy_s * rng.uniform(0.5, 1.5))
-                comm.barrier()
-                overlap = overlap_of[cell[0]] * rng_overlap.uniform(0.0, 2.0)
-                if op is not None:
-                    handle = op(True)
-                    t[j, c, it] = time.time_ns()
-                    other = twin_ops[cell](True) if company else None
-                    _busy(work, overlap)
-                    t[j + 1, c, it] = time.time_ns()
-                    _synchronised(handle.wait())
-                    t[j + 2, c, it] = time.time_ns()
-                    if other is not None:
-                        _synchronised(other.wait())
+            launched(c, it, 5)
+            launched(c, it, 8, company=True)
     mine = torch.tensor(t[:, :, warmup:].reshape(-1), dtype=torch.float64, device=device)
     got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 11, len(cells), iters)
     out = []
     for c, (k, g, s) in enumerate(cells):
-        n = max(g, (int(s) // 4) // g * g)
         # every group's ranks and iterations, as more iterations of one group
         mine_g = np.concatenate([got[members][:, :, c, :] for members in tiles[g]], axis=-1)
         per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
-        base = {"kind": k, "group": g, "bytes": 4 * n, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k],
+        base = {"kind": k, "group": g, "bytes": 4 * _cell_elements(g, s), "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k],
                 "groups_together": len(tiles[g])}
         first, spread = _return_spread(mine_g[:, 0], mine_g[:, 1])
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2]), "first_s": first, "spread_s": spread})
-        if busy_s > 0:
-            d, first, spread = _async_seconds(mine_g[:, 2], mine_g[:, 3], mine_g[:, 4])
-            out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread, "async": True})
-        if c in pair_cells:  # the second pass: alone, then with its twin in flight
-            for j, company in ((5, False), (8, True)):
-                d, first, spread = _async_seconds(mine_g[:, j], mine_g[:, j + 1], mine_g[:, j + 2])
-                out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread,
-                                   "async": True, "pass": "concurrent", "concurrent": company})
+        # the first pass's asynchronous cell, and the second pass's: alone, then with its twin in flight
+        launches = [(2, {})] if busy_s > 0 else []
+        if c in pair_cells:
+            launches += [(5, {"pass": "concurrent", "concurrent": False}), (8, {"pass": "concurrent", "concurrent": True})]
+        for j, extra in launches:
+            d, first, spread = _async_seconds(mine_g[:, j], mine_g[:, j + 1], mine_g[:, j + 2])
+            out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread, "async": True}
+                       | extra)
     return out
+
+
+def _cell_elements(g: int, nbytes: int) -> int:
+    """float32 elements of a cell of ``nbytes`` in a group of g: a multiple of g, at least g."""
+    return max(g, (int(nbytes) // 4) // g * g)
 
 
 def _cell_op(cell: tuple[str, int, int], sub: Any, device: Any) -> Any:
     """The calibration cell (kind, group size, bytes) on the group ``sub``: a function of async_op
-    that issues it (float32 ones, a multiple of the group size)."""
+    that issues it (float32 ones, ``_cell_elements``)."""
     import torch
 
     k, g, s = cell
-    n = max(g, (int(s) // 4) // g * g)
+    n = _cell_elements(g, s)
     x = torch.ones(n, device=device)
     if k == "all_to_allv":
         sp = [n // g] * g
