@@ -50,7 +50,10 @@ For each world size W (gloo ranks on this host, one torch thread each):
                (a plain run's asynchronous all-to-alls were charged a pipelined run's overlap),
                and groups ran alone. A second pass measures each small cell launched alone and
                with a twin in flight on another group: what the company adds
-               (``KindFit.concurrent_s``; since the night of 2026-11-24).
+               (``KindFit.concurrent_s``; since the night of 2026-11-24). The share of the time the
+               calibration's ranks computed is printed beside the runs' (``compute_share``,
+               ``trace_compute_share``): lower, the calibration's transport threads found a core
+               free more often than training's (notes/sim_validation.md, "2026-11-24, late").
 3. Predict: ``neo-train simulate --trace DIR --calibration FILE``'s computation
    (``trace_sim.calibrated_collectives`` + ``trace_input.timeline_phases`` +
    ``trace_sim.validate_timeline``): each rank's recorded compute replayed as its own chain, a
@@ -166,23 +169,27 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat:
             "load_before": load0, "load_after": _load()}
 
 
-def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float]]:
+def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float], float]:
     """(mean compute between two blocking intervals of a rank, mean compute while an asynchronous
-    collective is in flight, the same per collective kind) in the steady steps, seconds
-    (``trace_duties``): the busy calibration's compute bursts and its overlap."""
-    from neo_train.topology.trace_input import load_trace, trace_duties
+    collective is in flight, the same per collective kind, seconds; the share of the time the
+    ranks compute) in the steady steps (``trace_duties``, ``trace_compute_share``): the busy
+    calibration's compute bursts, its overlap and the load it holds the ranks at."""
+    from neo_train.topology.trace_input import load_trace, trace_compute_share, trace_duties
 
-    return trace_duties(load_trace(trace_dir), warmup)
+    traces = load_trace(trace_dir)
+    return (*trace_duties(traces, warmup), trace_compute_share(traces, warmup))
 
 
-def run_duties(cases: list[dict[str, Any]], warmup: int) -> tuple[float, float, dict[str, float]]:
+def run_duties(cases: list[dict[str, Any]], warmup: int) -> tuple[float, float, dict[str, float], float]:
     """The busy calibration's inputs for these recorded runs: the median over them of ``duty``'s
-    compute between blocking intervals, of the compute under an asynchronous collective, and of the
-    latter per collective kind (DDP's buckets under a backward, the ids under a forward)."""
+    compute between blocking intervals, of the compute under an asynchronous collective, of the
+    latter per collective kind (DDP's buckets under a backward, the ids under a forward), and of
+    the share of the time the ranks compute."""
     duties = [duty(c["trace"], warmup) for c in cases]
     kinds = sorted({k for d in duties for k in d[2]})
     return (statistics.median(d[0] for d in duties), statistics.median(d[1] for d in duties),
-            {k: statistics.median(d[2][k] for d in duties if k in d[2]) for k in kinds})
+            {k: statistics.median(d[2][k] for d in duties if k in d[2]) for k in kinds},
+            statistics.median(d[3] for d in duties))
 
 
 def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> list[dict[str, Any]]:
@@ -303,7 +310,7 @@ def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, in
 
 
 def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0,
-              overlap_s: float | dict[str, float] | None = None, tag: str = ""):
+              overlap_s: float | dict[str, float] | None = None, tag: str = "", runs_share: float | None = None):
     from neo_train.cli import _calibrate_rank
     from neo_train.topology.calibrate import fit_calibration
 
@@ -312,7 +319,8 @@ def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float
     samples = run_ranks(_calibrate_rank, W, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]  # neo-train calibrate's
     meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load0, "load_after": _load(),
             "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s,
-            "groups": "tiled" if busy_s else "first",
+            "groups": "tiled" if busy_s else "first", "compute_share": samples[0].get("compute_share"),
+            "runs_compute_share": runs_share,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
     name = f"calibration_w{W}" + (f"_busy{busy_s * 1e3:.2f}ms" if busy_s else "") + (f"_{tag}" if tag else "") + ".json"
@@ -552,10 +560,12 @@ def main(argv: list[str] | None = None) -> int:
             # almost at once (0.02 - 0.5 ms of compute against 0.8 - 3.3 here), and an asynchronous
             # collective costs more the more its ranks compute meanwhile
             for mode in dict.fromkeys(m for w, p, m in cases if w == W):
-                gap, overlap, by_kind = run_duties([c for c in cases_w if c["mode"] == mode], warmup)
+                gap, overlap, by_kind, share = run_duties([c for c in cases_w if c["mode"] == mode], warmup)
                 overlap_s = by_kind or overlap
-                cal = calibrate(W, sizes, iters_for(W), workdir, busy_s=gap, overlap_s=overlap_s, tag=mode)
-                shown = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f})"
+                cal = calibrate(W, sizes, iters_for(W), workdir, busy_s=gap, overlap_s=overlap_s, tag=mode, runs_share=share)
+                shown = (", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f}); "
+                         f"the runs' ranks computed {share:.0%} of the time, the calibration's "
+                         f"{cal.meta['compute_share']:.0%}")
                 jobs.append(("busy", mode, cal, gap, overlap_s,
                              f", {mode} runs: compute bursts {gap * 1e3:.2f} ms, overlap {shown}"))
         for name, mode, cal, busy_s, overlap_s, shown in jobs:

@@ -602,6 +602,7 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load, "seconds": time.perf_counter() - t0,
                 "iters": args.iters, "busy_s": args.busy_ms / 1e3, "overlap_s": overlap_s, "groups": args.groups,
+                "compute_share": samples[0].get("compute_share"),
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         cal = fit_calibration(samples, world_size=comm.world_size, transport=comm.backend, device=comm.device.type,
                               meta=meta)

@@ -212,8 +212,8 @@ def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys
     assert simulate_command(args) == 0
     out = capsys.readouterr().out
     assert "each rank's recorded compute" in out and "predicted vs measured, 3 steady steps" in out
-    assert re.search(r"a calibration for this trace: neo-train calibrate --nproc 2 --busy-ms \d+\.\d\d --overlap-ms "
-                     r"(\w+=\d+\.\d\d,?)+ --out FILE", out), out
+    assert re.search(r"computing \d+% of the time \(a calibration for this trace: neo-train calibrate --nproc 2 --busy-ms "
+                     r"\d+\.\d\d --overlap-ms (\w+=\d+\.\d\d,?)+ --out FILE", out), out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["network"] == "calibrated" and summary["measured_step_s"] > 0 and summary["predicted_step_s"] > 0
     # without a calibration: the same chains on a topology
@@ -935,3 +935,35 @@ def test_a_case_recorded_twice_pools_its_steps():
     alone = sv.merge_repeats([one])
     assert alone["step_error"] == one["step_error"] and alone["collectives"] == one["collectives"]
     assert len(alone["repeats"]) == 1
+
+
+def test_trace_compute_share_is_the_time_the_ranks_compute(tmp_path):
+    """The hand trace's step 0: rank 0 computes 1 + 2 + 1 + 0.5 ms and blocks 0.1 + 1 + 0 + 4.5 ms,
+    rank 1 computes 3 + 0.5 + 2 + 0.5 and blocks 0.1 + 0.5 + 0 + 3.5: shares 4.5 / 10.1 and
+    6 / 10.1, their mean; no steady step, no share."""
+    from neo_train.topology.trace_input import trace_compute_share
+
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    assert trace_compute_share(traces) == pytest.approx((4.5 / 10.1 + 6.0 / 10.1) / 2)
+    assert trace_compute_share(traces, warmup_steps=1) == 0.0
+
+
+def _share_body(comm, busy_s):
+    from neo_train.topology.calibrate import measure_collectives
+
+    return measure_collectives(comm, sizes=[16, 4096], kinds=("all_to_allv",), iters=2, busy_s=busy_s,
+                               overlap_s=busy_s, concurrent=False)
+
+
+def test_a_calibration_reports_the_share_of_the_time_its_ranks_computed():
+    """Every sample carries the share of the first pass's counted iterations the ranks computed
+    (the same on every rank): between 0 and 1 when busy, more with longer bursts between the same
+    collectives; 0 when idle (no compute)."""
+    from neo_train.testing import run_ranks
+
+    short, short_1 = run_ranks(_share_body, 2, 2e-4)
+    long, _ = run_ranks(_share_body, 2, 5e-3)
+    idle, _ = run_ranks(_share_body, 2, 0.0)
+    assert short == short_1 and len({s["compute_share"] for s in short}) == 1
+    assert 0 < short[0]["compute_share"] < long[0]["compute_share"] < 1
+    assert {s["compute_share"] for s in idle} == {0.0}

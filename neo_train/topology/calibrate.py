@@ -79,7 +79,15 @@ its start and that end) gives the measured mean return. Then a second pass (busy
 group launched right behind it, each after a burst and a barrier; the two are fitted together with
 a latency column for the company, which is kept beside the first pass's asynchronous fit (the
 second pass's load differs from the first's: interleaved with it, its extra waits made every
-first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). Only the ``Communicator`` interface is used,
+first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). A busy calibration reports the
+share of the time its ranks computed (``compute_share`` in its samples), to set beside the runs'
+(``trace_input.trace_compute_share``, which ``neo-train simulate --trace`` prints): its barriers
+and waits leave its ranks computing less of the time than training's (29 - 55 % against 49 - 68 %
+at W = 2 here), and a transport thread that wakes while every core computes waits for a computing
+thread's slice to end (up to a 4 ms scheduler tick), so there the asynchronous collectives come
+out short. Holding the calibration at the runs' share with longer bursts was measured and left
+out: the share hardly moves with the burst (54 -> 66 % for bursts of 1.5 -> 3.8 ms at W = 2) while
+the predictions move by 15 points (notes/sim_validation.md, "2026-11-24, late"). Only the ``Communicator`` interface is used,
 so the same code calibrates gloo on CPUs and NCCL on GPUs (where ``device`` is "cuda": the result is
 read after the collective, which synchronises the stream).
 """
@@ -611,7 +619,10 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     ``concurrent`` (default: when busy): a second pass over the cells up to
     ``CONCURRENT_MAX_BYTES``, each launched asynchronously alone and then with its twin on another
     group of the same ranks right behind it (samples with ``pass`` "concurrent" and ``concurrent``
-    false / true; ``fit_calibration`` turns their difference into ``KindFit.concurrent_s``)."""
+    false / true; ``fit_calibration`` turns their difference into ``KindFit.concurrent_s``).
+
+    Every sample carries ``compute_share``: the share of the first pass's counted iterations the
+    ranks spent computing (0 when idle), to set beside the runs' (``trace_input.trace_compute_share``)."""
     import random
 
     import torch
@@ -661,6 +672,12 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
     rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
     work = torch.randn(96, 96, device=device)
+    computed = [0.0]  # seconds this rank computed in the iteration
+
+    def compute(seconds: float) -> None:
+        t0 = time.perf_counter()
+        _busy(work, seconds)
+        computed[0] += time.perf_counter() - t0
     # per cell and iteration, wall-clock ns: a blocking call and its return (rows 0, 1); with busy_s an
     # asynchronous launch's return, the start of its wait and the wait's return (2 - 4), and in the
     # second pass the same alone (5 - 7) and with its twin (8 - 10)
@@ -670,7 +687,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         """A burst, then cell c launched asynchronously (``company``: its twin right behind it),
         computed over, waited for: t[j], t[j + 1], t[j + 2] its launch's return, its wait's start
         and return."""
-        _busy(work, busy_s * rng.uniform(0.5, 1.5))
+        compute(busy_s * rng.uniform(0.5, 1.5))
         # launched together and overlapped alike, as training's ranks, which leave their previous
         # collective together; every rank draws, in the group or not, so the draws stay the same
         comm.barrier()
@@ -681,17 +698,19 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         handle = op(True)
         t[j, c, it] = time.time_ns()  # launched: the simulator starts it once the last rank is here
         other = twin_ops[cells[c]](True) if company else None
-        _busy(work, overlap)
+        compute(overlap)
         t[j + 1, c, it] = time.time_ns()
         _synchronised(handle.wait())
         t[j + 2, c, it] = time.time_ns()
         if other is not None:
             _synchronised(other.wait())
 
+    shares = np.zeros(2)  # (seconds computed, seconds) over the counted iterations, summed over ranks
     for it in range(warmup + iters):
+        computed[0], it_t0 = 0.0, time.perf_counter()
         for c, cell in enumerate(cells):
             if busy_s > 0:  # no barrier: the collectives themselves keep the ranks in step, as in training
-                _busy(work, busy_s * rng.uniform(0.5, 1.5))
+                compute(busy_s * rng.uniform(0.5, 1.5))
             else:
                 comm.barrier()
             op = ops.get(cell)
@@ -701,6 +720,11 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
                 t[1, c, it] = time.time_ns()
             if busy_s > 0:
                 launched(c, it, 2)
+        if it >= warmup:
+            shares += (computed[0], time.perf_counter() - it_t0)
+    if busy_s > 0:  # the share the ranks computed, all of them together (idle: none)
+        shares = comm.all_reduce(torch.tensor(shares, dtype=torch.float64, device=device), tag="calibrate").cpu().numpy()
+    share = float(shares[0] / shares[1]) if shares[1] > 0 else 0.0
     # busy: a second pass, each cell launched asynchronously alone and then with its twin right behind
     # on another group (as training's output dist with the next batch's ids in flight, or the
     # backward's with DDP's bucket), after a burst and a barrier each: what the company adds is the
@@ -721,7 +745,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         per_iter = _call_seconds(mine_g[:, 0], mine_g[:, 1])
         q = np.percentile(per_iter, [25, 50, 75])
         base = {"kind": k, "group": g, "bytes": 4 * _cell_elements(g, s), "iters": iters, "busy_s": busy_s, "overlap_s": overlap_of[k],
-                "groups_together": len(tiles[g])}
+                "groups_together": len(tiles[g]), "compute_share": share}
         first, spread = _return_spread(mine_g[:, 0], mine_g[:, 1])
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2]), "first_s": first, "spread_s": spread})

@@ -58,7 +58,7 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "ReturnLags",
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "trace_compute_share", "ReturnLags",
            "concurrent_collectives"]
 
 DTYPE_BYTES = {
@@ -508,7 +508,7 @@ def trace_duties(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[flo
     ``--overlap-ms``); and that overlap per collective kind (DDP's gradient buckets, all_reduce,
     stay in flight under the rest of the backward, the next batch's ids, all_to_allv, under a
     forward). 0.0 (an empty mapping) where the trace has none."""
-    gaps, overlaps = _duty(traces, warmup_steps)
+    gaps, overlaps, _ = _duty(traces, warmup_steps)
     every = [x for xs in overlaps.values() for x in xs]
     return _mean(gaps), _mean(every), {k: _mean(xs) for k, xs in sorted(overlaps.items())}
 
@@ -517,17 +517,21 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def _duty(traces: Mapping[int, list], warmup_steps: int) -> tuple[list[float], dict[str, list[float]]]:
-    """The steady steps' compute gaps, and per collective kind the compute between each
-    asynchronous launch and its wait."""
+def _duty(traces: Mapping[int, list], warmup_steps: int) -> tuple[list[float], dict[str, list[float]], list[float]]:
+    """The steady steps' compute gaps, per collective kind the compute between each asynchronous
+    launch and its wait, and per rank the share of its steady time it computed."""
     blocks, colls = rank_timelines(traces)
     gaps: list[float] = []
     overlaps: dict[str, list[float]] = {}
+    shares: list[float] = []
     for rank, bs in blocks.items():
+        computed_s = blocked_s = 0.0
         for i, b in enumerate(bs):
             if b.step is None or b.step < warmup_steps:
                 continue
             gaps.append(b.compute)
+            computed_s += b.compute
+            blocked_s += b.blocked
             if b.kind != "call" or b.sync:
                 continue
             computed = 0.0
@@ -536,7 +540,18 @@ def _duty(traces: Mapping[int, list], warmup_steps: int) -> tuple[list[float], d
                 if later.kind == "wait" and b.colls[0] in later.colls:
                     overlaps.setdefault(_comm_name(colls[b.colls[0]][rank]), []).append(computed)
                     break
-    return gaps, overlaps
+        if computed_s + blocked_s > 0:
+            shares.append(computed_s / (computed_s + blocked_s))
+    return gaps, overlaps, shares
+
+
+def trace_compute_share(traces: Mapping[int, list], warmup_steps: int = 0) -> float:
+    """The share of the steps from ``warmup_steps`` on that a rank spends computing (not in a
+    blocking call or a wait), the mean over ranks (0.0 without steps): the load the ranks put on
+    their host, which the busy calibration reproduces (``measure_collectives(compute_share=...)``,
+    ``--compute-share``): on a host whose cores the ranks hold, a collective's threads wait for a
+    core the more often the more of the time the ranks compute."""
+    return _mean(_duty(traces, warmup_steps)[2])
 
 
 # a collective factory: (kind, group, {rank: entry}, name, after) -> (phases, the phase ranks join on),

@@ -46,7 +46,7 @@ from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
 from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers, has_recorded_compute,
                           load_trace, network_collectives, timeline_phases, trace_markers, trace_phases,
-                          trace_duties, trace_transports, trace_world_size)
+                          trace_compute_share, trace_duties, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
            "calibrated_collectives", "calibrated_return_lags", "entry_sizes"]
@@ -442,12 +442,14 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         warmup = getattr(args, "warmup_steps", None)
         warmup = WARMUP_STEPS if warmup is None else warmup
         gap, overlap, by_kind = trace_duties(traces, warmup)
+        share = trace_compute_share(traces, warmup)
         by_kind = {k: v for k, v in by_kind.items() if k in KINDS}  # the kinds a calibration measures
         if gap > 0:
             kinds = ",".join(f"{k}={v * 1e3:.2f}" for k, v in by_kind.items()) or f"{overlap * 1e3:.2f}"
             print(f"duty: {gap * 1e3:.2f} ms of compute between blocking intervals, {overlap * 1e3:.2f} ms while an "
-                  f"asynchronous collective is in flight (a calibration for this trace: neo-train calibrate --nproc "
-                  f"{world} --busy-ms {gap * 1e3:.2f} --overlap-ms {kinds} --out FILE)")
+                  f"asynchronous collective is in flight, computing {share:.0%} of the time (a calibration for this "
+                  f"trace: neo-train calibrate --nproc {world} --busy-ms {gap * 1e3:.2f} --overlap-ms {kinds} --out "
+                  f"FILE; its ranks' own share is in the file's meta)")
         tl = timeline_phases(traces, factory, calibrated_return_lags(cal) if cal is not None else None)
         res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
         val = validate_timeline(tl, res, warmup)
