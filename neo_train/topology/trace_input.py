@@ -548,9 +548,9 @@ def _duty(traces: Mapping[int, list], warmup_steps: int) -> tuple[list[float], d
 def trace_compute_share(traces: Mapping[int, list], warmup_steps: int = 0) -> float:
     """The share of the steps from ``warmup_steps`` on that a rank spends computing (not in a
     blocking call or a wait), the mean over ranks (0.0 without steps): the load the ranks put on
-    their host, which the busy calibration reproduces (``measure_collectives(compute_share=...)``,
-    ``--compute-share``): on a host whose cores the ranks hold, a collective's threads wait for a
-    core the more often the more of the time the ranks compute."""
+    their host. On a host whose cores the ranks hold, a collective's threads wait for a core the
+    more often the more of the time the ranks compute; a busy calibration reports its own
+    (``compute_share`` in its samples) to set beside it."""
     return _mean(_duty(traces, warmup_steps)[2])
 
 
