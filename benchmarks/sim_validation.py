@@ -173,7 +173,7 @@ def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float], f
     """(mean compute between two blocking intervals of a rank, mean compute while an asynchronous
     collective is in flight, the same per collective kind, seconds; the share of the time the
     ranks compute) in the steady steps (``trace_duties``, ``trace_compute_share``): the busy
-    calibration's compute bursts, its overlap and the load it holds the ranks at."""
+    calibration's compute bursts and its overlap, and the load to set beside the calibration's."""
     from neo_train.topology.trace_input import load_trace, trace_compute_share, trace_duties
 
     traces = load_trace(trace_dir)
