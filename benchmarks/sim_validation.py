@@ -1,14 +1,15 @@
 """The network simulator against measured runs (issue 14, item 1): predicted vs measured step
 time and per-collective time of real gloo training runs on this machine.
 
-    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~6 min on 2 cores)
+    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~9 min on 2 cores)
     python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
 
 For each world size W (gloo ranks on this host, one torch thread each):
 
 1. Record: for each plan and mode, train the ``--preset`` (default ``small``: 8 tables of dim 16,
-   b = 256 per rank, MLPs 13-64-32-16 / 64-32-1) for --steps steps with the trainer and the
+   MLPs 13-64-32-16 / 64-32-1) at --batch-size per rank (default 1024: ``BATCH_SIZE`` says why
+   not the preset's 256) for --steps steps with the trainer and the
    tracer exactly as ``neo-train train --trace-dir`` runs them (``cli.wrap_communicator``,
    ``Trainer.run``), so the trace holds every rank's recorded timeline (compute between blocking
    intervals, the intervals, step marks). Plans:
@@ -107,6 +108,15 @@ calibration takes seconds, a W = 4 one most of a minute), and the noise is worst
 two calibrations with 21 or 42 iterations predicted the same traces up to 7 - 8 points apart, with
 84 about 3 (notes/sim_validation.md, "2026-11-24, night")."""
 MODES = ("pipelined", "plain")
+BATCH_SIZE = 1024
+"""Per-rank batch of the recorded runs (``--batch-size``; the ``small`` preset's own is 256). At
+256 a W = 2 step is 7 - 10 ms, most of it the transport's per-call costs on this 2-vCPU host, where
+a gloo thread woken while both cores compute can wait up to a 4 ms scheduler tick: the measured
+mean of one case moved 10 - 25 % from launch to launch, as much as the goal, and the predictions
+sat 5 - 11 % low at W = 2 (runs S - X: 22 - 23 of 24 within +-15 %). At 1024 the steps (12 - 56 ms)
+carry 4 x the compute and the bytes, so the model's bandwidth, overlap and compute terms are
+tested as well as its latencies, and the median error is within 1 % (notes/sim_validation.md,
+"2026-11-24, session 20"). ``--batch-size 256`` keeps the latency-bound regime."""
 STEP_GOAL, COLL_GOAL = 0.15, 0.25
 
 
@@ -480,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", default="", help=f"plans, comma-separated (default {','.join(PLANS)})")
     ap.add_argument("--modes", default="", help=f"modes, comma-separated (default {','.join(MODES)})")
     ap.add_argument("--preset", default="small", help="config preset to train (default small)")
-    ap.add_argument("--batch-size", type=int, help="per-rank batch size (default: the preset's)")
+    ap.add_argument("--batch-size", type=int, default=BATCH_SIZE,
+                    help=f"per-rank batch size (default {BATCH_SIZE}; 256, the small preset's own, is the latency-bound "
+                         "regime: BATCH_SIZE says why)")
     ap.add_argument("--steps", type=int, default=0, help="training steps per run (default 24, quick 14)")
     ap.add_argument("--warmup", type=int, default=-1, help="steps left out of the comparison (default 4)")
     ap.add_argument("--repeats", type=int, default=0,
@@ -523,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 2)
     if args.repeats < 0 or args.iters < 0 or args.steps < 0:
         ap.error("--repeats, --iters and --steps must be positive")
+    if args.batch_size < 1:
+        ap.error(f"--batch-size must be >= 1, got {args.batch_size}")
     # quick: still a size large enough (1 MB) that the time grows with it on a loaded host, or the fit has no bandwidth
     sizes = [16, 4 << 10, 128 << 10, 1 << 20] if args.quick else list(DEFAULT_SIZES)
     calibrations = args.calibrations.split(",")
@@ -531,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--calibrations: unknown calibration {name!r} (idle, busy)")
     cfg = preset(args.preset)
     cfg = cfg.replace(train=cfg.train.replace(kernel_backend=args.backend, eval_every=0, eval_batches=1,
-                                              **({"batch_size": args.batch_size} if args.batch_size else {})))
+                                              batch_size=args.batch_size))
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="sim_validation_"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "

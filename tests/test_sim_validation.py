@@ -797,6 +797,7 @@ def test_benchmark_quick(tmp_path):
     assert png.exists() and png.stat().st_size > 10_000
     report = json.loads(out.read_text())
     assert {(r["W"], r["plan"]) for r in report["rows"]} == {(2, "tw"), (4, "twrw")}
+    assert report["args"]["batch_size"] == _sim_validation().BATCH_SIZE  # not the preset's 256
     for r in report["rows"]:
         assert r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 and math.isfinite(r["step_error"])
         assert r["collectives"] and r["steady_steps"] > 0
@@ -809,6 +810,12 @@ def test_benchmark_quick(tmp_path):
         b = base[(r["W"], r["plan"], r["mode"], r["calibration"] + ", together")]
         assert b["measured_step_ms"] == r["measured_step_ms"] and b["predicted_step_ms"] > 0
     assert "together" in proc.stdout
+
+
+def test_benchmark_rejects_a_batch_size_below_one(capsys):
+    with pytest.raises(SystemExit) as e:
+        _sim_validation().main(["--batch-size", "0", "--worlds", "2"])
+    assert e.value.code == 2 and "--batch-size must be >= 1, got 0" in capsys.readouterr().err
 
 
 def _sim_validation():
