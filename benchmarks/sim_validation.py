@@ -115,7 +115,8 @@ a gloo thread woken while both cores compute can wait up to a 4 ms scheduler tic
 mean of one case moved 10 - 25 % from launch to launch, as much as the goal, and the predictions
 sat 5 - 11 % low at W = 2 (runs S - X: 22 - 23 of 24 within +-15 %). At 1024 the steps (12 - 56 ms)
 carry 4 x the compute and the bytes, so the model's bandwidth, overlap and compute terms are
-tested as well as its latencies, and the median error is within 1 % (notes/sim_validation.md,
+tested as well as its latencies, nearer to a recommendation model's regime (Neo's targets: 512 and
+2048 per GPU), and the median error was within 2.1 % (notes/sim_validation.md,
 "2026-11-24, session 20"). ``--batch-size 256`` keeps the latency-bound regime."""
 STEP_GOAL, COLL_GOAL = 0.15, 0.25
 
