@@ -17,6 +17,7 @@ GPU tests (``@gpu``: marked ``gpu`` and skipped without CUDA):
     test_gloo_ranks_share_one_gpu        2 gloo ranks with CUDA tensors on one GPU vs 2 CPU ranks
     test_steady_state_host_syncs         <= 2 synchronising calls per pipelined step
     test_positions_where_on_gpu_needs_no_sync  the sync-free position select (hot-row split, TW sparse output)
+    test_a_cuda_trace_times_the_stream   the tracer's CUDA clock: compute and waits in device time
 
 CPU tests (not GPU-marked: they run in CI): the registry's ``auto`` policy on CUDA, and the
 Triton parity harness itself at toy sizes under Triton's interpreter, so the GPU test's code
@@ -662,3 +663,64 @@ def test_verified_record_and_fbgemm_variant(monkeypatch: pytest.MonkeyPatch) -> 
         fake.__variant__ = variant  # type: ignore[attr-defined]
         monkeypatch.setattr(registry.importlib, "import_module", lambda name, package=None, m=fake: m)
         assert bool(probe()) == expect_reason, variant
+
+
+@gpu
+def test_a_cuda_trace_times_the_stream(tmp_path: Path) -> None:
+    """A CUDA communicator's trace (``comm.trace.CudaClock``) gives the stream's times: kernels the
+    host only enqueued between two collectives count as compute, a collective the stream stood
+    at (a wait on another stream's work) as blocked, though the host returned at once from both."""
+    import torch
+
+    from neo_train.comm.interface import Handle
+    from neo_train.comm.trace import TracingCommunicator, load_trace
+
+    side = torch.cuda.Stream()
+
+    class StreamComm:  # one rank: a "collective" is 1 M cycles of another stream the caller then waits for
+        rank, world_size, device = 0, 1, torch.device("cuda", torch.cuda.current_device())
+
+        def _do(self, x, async_op):
+            done = torch.cuda.Event()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(1_000_000)
+                done.record()
+
+            def wait():
+                torch.cuda.current_stream().wait_event(done)
+                return x
+            return Handle(wait) if async_op else wait()
+
+        def all_reduce(self, x, op="sum", *, async_op=False, tag=""):
+            return self._do(x, async_op)
+
+        all_to_all_v = all_gather_v = None  # unused
+
+        def barrier(self):
+            pass
+
+    x = torch.ones(4, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    per_million_ms = start.elapsed_time(end)  # the device's time for 1 M cycles
+    tc = TracingCommunicator(StreamComm())
+    assert tc.recorder.clock is not None  # chosen from the communicator's device
+    t_host = time.perf_counter()
+    tc.all_reduce(x, tag="a")
+    torch.cuda._sleep(3_000_000)  # "compute": enqueued only
+    h = tc.all_reduce(x, async_op=True, tag="b")
+    torch.cuda._sleep(500_000)
+    h.wait()
+    host_ms = (time.perf_counter() - t_host) * 1e3
+    e = load_trace(tc.dump(tmp_path))
+    ms = 1e-6
+    assert [x["clock"] for x in e] == ["cuda", "cuda"]
+    assert e[0]["call_ns"] * ms == pytest.approx(per_million_ms, rel=0.3)
+    assert e[1]["compute_ns"] * ms == pytest.approx(3 * per_million_ms, rel=0.3)
+    assert e[1]["wait_compute_ns"] * ms == pytest.approx(0.5 * per_million_ms, rel=0.3)
+    assert e[1]["wait_ns"] * ms == pytest.approx(0.5 * per_million_ms, rel=0.5)  # 1 M cycles, 0.5 M behind the launch
+    assert host_ms < per_million_ms, f"the host waited ({host_ms:.2f} ms): the test measures nothing"

@@ -113,6 +113,25 @@ def test_per_rank_chains_join_at_collectives(tmp_path):
     assert ar["predicted_net_s"] * 1e3 == pytest.approx(4.0)  # last launch returned (7.1 ms) to its end (11.1 ms)
 
 
+def test_a_cuda_trace_has_no_net_time(tmp_path):
+    """The net time compares the ranks' host clocks (``startTime_ns``) plus durations: a CUDA
+    trace's durations are the device's, so it is left out, not mixed."""
+    path = _hand_trace(tmp_path / "tr")
+    host = validate_timeline(*_simulated(load_trace(path)), warmup_steps=0)
+    for f in path.glob("trace_rank*.json"):
+        f.write_text(json.dumps([dict(e, clock="cuda") for e in json.loads(f.read_text())]))
+    cuda = validate_timeline(*_simulated(load_trace(path)), warmup_steps=0)
+    net = {(r["comms"], r["mode"]): r["measured_net_s"] for r in host.collectives}
+    assert net[("all_reduce", "async")] is not None
+    assert all(r["measured_net_s"] is None for r in cuda.collectives)
+    assert [r["measured_s"] for r in cuda.collectives] == [r["measured_s"] for r in host.collectives]
+
+
+def _simulated(traces):
+    tl = timeline_phases(traces, calibrated_collectives(_cal()))
+    return tl, simulate(tl.phases, _cal().network())
+
+
 def test_a_late_rank_delays_a_blocking_collective(tmp_path):
     """Blocking calls: the early rank's blocked time is the other's lateness plus alpha."""
     es = {r: [_entry("all_to_allv", 0, 0, None, MS), _entry("all_to_allv", 0, 1, (1 + 2 * r) * MS, MS, step=0, lead=0)]

@@ -295,3 +295,117 @@ def test_replay_command_checks_its_flags_before_starting_ranks(tmp_path, capsys,
     assert line.startswith(f"neo-train: error: {d} is a directory: give one directory of trace_rank*.json files")
     line = _replay_cli([d, "--timeout-s", "nan"], capsys)
     assert "argument --timeout-s" in line and "finite number > 0" in line
+
+
+# ---- a CUDA trace times the device (CudaClock), read at dump --------------------------------------
+
+class _Device:
+    """A stand-in for a GPU: a stream clock (ms) the test and the fake collectives move, and events
+    that read it when recorded, as CUDA events do when the stream reaches them."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def event(self):
+        dev = self
+
+        class Event:
+            def record(self):
+                self.ms = dev.ms
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.ms - self.ms
+        return Event()
+
+
+class _StreamComm:
+    """One rank whose collectives return at once on the host (as NCCL's are enqueued), while the
+    device's stream stands at each for ``stand_ms`` (a blocking call) or at its wait."""
+
+    rank, world_size, device = 0, 1, torch.device("cpu")
+
+    def __init__(self, dev: _Device, stand_ms: float) -> None:
+        self.dev, self.stand_ms = dev, stand_ms
+
+    def _do(self, x, async_op):
+        from neo_train.comm.interface import Handle
+
+        if not async_op:
+            self.dev.ms += self.stand_ms
+            return x
+
+        def wait():
+            self.dev.ms += self.stand_ms
+            return x
+
+        def future():
+            fut = torch.futures.Future()
+            fut.set_result(x)
+            return fut
+        return Handle(wait, _future=future)
+
+    def all_to_all_v(self, x, in_splits, out_splits, *, async_op=False, tag=""):
+        return self._do(x, async_op)
+
+    def all_reduce(self, x, op="sum", *, async_op=False, tag=""):
+        return self._do(x, async_op)
+
+    def all_gather_v(self, x, sizes, *, async_op=False, tag=""):
+        return self._do(x, async_op)
+
+    def barrier(self):
+        pass
+
+    def subgroup(self, ranks, name="sub"):
+        return None
+
+
+def test_a_cuda_trace_records_the_devices_times_not_the_hosts(tmp_path):
+    from neo_train.comm.trace import CudaClock
+    from neo_train.topology.trace_input import rank_timelines
+
+    dev = _Device()
+    tc = TracingCommunicator(_StreamComm(dev, stand_ms=2.0), clock=CudaClock(dev.event))
+    dev.ms = 1.0
+    tc.trace_step(0)
+    dev.ms = 3.0  # 2 ms of kernels into the step
+    tc.all_to_all_v(torch.ones(4, 2), [4], [4], tag="input_dist")  # the stream stands 2 ms: to 5
+    dev.ms += 1.0  # 6
+    h = tc.all_reduce(torch.ones(3), async_op=True, tag="dense_allreduce")  # launched: the stream goes on
+    dev.ms += 4.0  # 10
+    h.wait()  # the stream stands 2 ms: to 12
+    dev.ms += 0.5  # 12.5
+    fut = tc.all_reduce(torch.ones(3), async_op=True, tag="dense_allreduce").future()  # DDP's bucket
+    dev.ms += 3.0  # 15.5: the backward's kernels
+    t_begin = tc.recorder.now()
+    dev.ms += 1.5  # DDP's finalisation waits for the bucket: to 17
+    tc.recorder.join_futures(t_begin, tc.recorder.now())
+    fut.wait()
+    tc.trace_step(None)
+    # the host did none of this: its perf_counter would have given microseconds everywhere
+    e = load_trace(tc.dump(tmp_path))
+    ms = 1_000_000
+    assert [x["clock"] for x in e] == ["cuda"] * 3
+    assert (e[0]["compute_ns"], e[0]["step_start_ns"], e[0]["call_ns"], e[0]["duration_ns"]) == (None, 2 * ms, 2 * ms, 2 * ms)
+    assert (e[1]["compute_ns"], e[1]["call_ns"]) == (1 * ms, 0)
+    assert (e[1]["wait_compute_ns"], e[1]["wait_ns"], e[1]["duration_ns"]) == (4 * ms, 2 * ms, 6 * ms)
+    assert (e[2]["compute_ns"], e[2]["call_ns"], e[2]["joined_by"]) == (ms // 2, 0, "backward")
+    assert (e[2]["wait_compute_ns"], e[2]["wait_ns"], e[2]["duration_ns"]) == (3 * ms, 3 * ms // 2, 9 * ms // 2)
+    assert "_t0" not in e[2]
+    assert tc.entries[1]["wait_ns"] == 2 * ms  # read on access too
+    blocks, _ = rank_timelines({0: e})
+    assert [b.compute for b in blocks[0]] == pytest.approx([0, 1e-3, 4e-3, 0.5e-3, 3e-3])
+    assert [b.blocked for b in blocks[0]] == pytest.approx([2e-3, 0, 2e-3, 0, 1.5e-3])
+
+
+def test_a_trace_clock_must_be_host_or_an_available_cuda():
+    comm = _StreamComm(_Device(), 1.0)
+    with pytest.raises(ValueError, match="clock must be 'host' or 'cuda', got 'gpu'"):
+        TracingCommunicator(comm, clock="gpu")
+    assert TracingCommunicator(comm).recorder.clock is None  # a CPU communicator: host time
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="clock 'cuda' needs a CUDA device"):
+            TracingCommunicator(comm, clock="cuda")

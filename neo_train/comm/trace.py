@@ -48,10 +48,17 @@ numbered in the order they begin; each is recorded with the compute that precede
                  waited
     backend      the transport (gloo, nccl) of the process group
 
-Times are host nanoseconds (``time.perf_counter_ns``). On CPU ranks host time is the work; on a
-GPU the host only launches kernels, so a GPU trace needs device-side times (CUDA events around
-each collective on its stream) for ``compute_ns`` to mean the GPU's compute; see
-notes/sim_validation.md.
+Times are host nanoseconds (``time.perf_counter_ns``) on CPU ranks, where host time is the work.
+On a GPU the host only launches kernels and an NCCL call returns once enqueued, so a CUDA
+communicator's trace times the *device*: every instant above is a CUDA event recorded on the
+calling thread's current stream (before and after each call and wait, at each step mark and at
+the end of a backward), and the intervals are read from the events when the trace is dumped (no
+host sync before then). ``compute_ns`` is then the stream's time between its previous blocking
+interval and the call, ``call_ns`` / ``wait_ns`` how long the stream stood at a collective, and
+``duration_ns`` of an asynchronous one runs from its launch to where the stream resumed after
+waiting for it; such entries carry ``"clock": "cuda"``. ``startTime_ns`` stays the host's wall
+clock (param's field). ``TracingCommunicator(clock=...)`` chooses ("host", "cuda"; default: the
+communicator's device).
 """
 from __future__ import annotations
 
@@ -137,51 +144,109 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; one of {sorted(_DTYPES)}") from None
 
 
+class _Late:
+    """A device time known only once its events have run: a token (``op`` "t": the index of an
+    event), or the difference or maximum of two such times. ``_resolve`` turns it into ns."""
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Any, b: Any = None) -> None:
+        self.op, self.a, self.b = op, a, b
+
+
+def _resolve(x: Any, times: Sequence[int]) -> Any:
+    if not isinstance(x, _Late):
+        return x
+    if x.op == "t":
+        return times[x.a]
+    a, b = _resolve(x.a, times), _resolve(x.b, times)
+    return max(a, b) if x.op == "max" else max(0, a - b)  # "diff": a - b, never negative
+
+
+class CudaClock:
+    """Instants as CUDA events on the current stream (``event_factory``: tests pass a stand-in);
+    ``times()`` reads them all, ns after the first, once the device has run them."""
+
+    def __init__(self, event_factory: Any = None) -> None:
+        self._new = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._events: list[Any] = []
+        self._lock = threading.Lock()
+        self.now()  # the origin
+
+    def now(self) -> _Late:
+        ev = self._new()
+        ev.record()
+        with self._lock:
+            self._events.append(ev)
+            return _Late("t", len(self._events) - 1)
+
+    def times(self) -> list[int]:
+        with self._lock:
+            events = list(self._events)
+        for ev in events:
+            ev.synchronize()
+        return [round(events[0].elapsed_time(ev) * 1e6) for ev in events]  # elapsed_time: ms
+
+
 class TraceRecorder:
     """The entries of one process (shared by a TracingCommunicator and its subgroups).
 
     Entries hold only numbers, strings and tuples (lists in the JSON), so the garbage collector
     stops tracking them: a long trace does not slow every later allocation down."""
 
-    def __init__(self, global_rank: int) -> None:
+    def __init__(self, global_rank: int, clock: CudaClock | None = None) -> None:
         self.global_rank = global_rank
+        self.clock = clock  # None: host time, perf_counter_ns
         self.entries: list[dict[str, Any]] = []
         self._seq: dict[int, int] = {}
         self.next_pg = 0  # fallback process-group ids, when torch's group names are not numbers
         # the timeline of blocking intervals (see the module docstring)
         self._lock = threading.Lock()
         self._order = 0
-        self._last_end: int | None = None  # perf_counter_ns when the last blocking interval ended
+        self._last_end: Any = None  # when the last blocking interval ended (``now``)
         self.step: int | None = None
         self._step_began: int | None = None
         self._unjoined: list[dict[str, Any]] = []  # async entries handed out as futures, not yet waited
+
+    # ---- instants: host ns, or (CUDA) events read at dump ---------------------------------------
+    def now(self) -> Any:
+        return time.perf_counter_ns() if self.clock is None else self.clock.now()
+
+    def _since(self, t: Any, t0: Any) -> Any:
+        """t - t0, ns, at least 0."""
+        if isinstance(t, _Late) or isinstance(t0, _Late):
+            return _Late("diff", t, t0)
+        return max(0, t - t0)
+
+    @staticmethod
+    def _later(a: Any, b: Any) -> Any:
+        return _Late("max", a, b) if isinstance(a, _Late) or isinstance(b, _Late) else max(a, b)
 
     def trace_step(self, step: int | None) -> None:
         """Step ``step`` begins now (None: the training loop is over, which ends the last step);
         later entries carry it."""
         with self._lock:
             self.step = step
-            self._step_began = time.perf_counter_ns()
+            self._step_began = self.now()
 
-    def begin_block(self, t: int | None = None) -> dict[str, Any]:
-        """A blocking interval begins now (or at ``t``, perf_counter_ns): its order, start and the
+    def begin_block(self, t: Any = None) -> dict[str, Any]:
+        """A blocking interval begins now (or at ``t``, from ``now``): its order, start and the
         compute before it."""
-        with self._lock:
-            t = time.perf_counter_ns() if t is None else t
+        with self._lock:  # the instant taken under the lock: orders and times agree across threads
+            t = self.now() if t is None else t
             blk: dict[str, Any] = {"order": self._order, "t0": t, "step": self.step,
-                                   "compute_ns": None if self._last_end is None else max(0, t - self._last_end)}
+                                   "compute_ns": None if self._last_end is None else self._since(t, self._last_end)}
             self._order += 1
             if self._step_began is not None:
-                blk["step_start_ns"] = max(0, t - self._step_began)
+                blk["step_start_ns"] = self._since(t, self._step_began)
                 self._step_began = None
             return blk
 
-    def end_block(self, blk: dict[str, Any], t: int | None = None) -> int:
+    def end_block(self, blk: dict[str, Any], t: Any = None) -> Any:
         """The interval ends now (or at ``t``); returns its length (ns)."""
         with self._lock:
-            t = time.perf_counter_ns() if t is None else t
-            self._last_end = t if self._last_end is None else max(self._last_end, t)
-            return max(0, t - blk["t0"])
+            t = self.now() if t is None else t
+            self._last_end = t if self._last_end is None else self._later(self._last_end, t)
+            return self._since(t, blk["t0"])
 
     @staticmethod
     def put_wait(entry: dict[str, Any], blk: dict[str, Any], ns: int, by: str = "wait") -> None:
@@ -195,9 +260,9 @@ class TraceRecorder:
         with self._lock:
             self._unjoined.append(entry)
 
-    def join_futures(self, t_begin: int, t_end: int) -> None:
+    def join_futures(self, t_begin: Any, t_end: Any) -> None:
         """The process waited for every collective handed out as a future from ``t_begin`` to
-        ``t_end`` (perf_counter_ns; the end of a backward, where DDP waits for its buckets)."""
+        ``t_end`` (from ``now``; the end of a backward, where DDP waits for its buckets)."""
         with self._lock:
             pending, self._unjoined = self._unjoined, []
         if not pending:
@@ -206,6 +271,15 @@ class TraceRecorder:
         ns = self.end_block(blk, t_end)
         for e in pending:
             self.put_wait(e, blk, ns, "backward")
+            if self.clock is not None:  # on the device it completed where the stream resumed
+                e["duration_ns"] = self._since(t_end, e.pop("_t0"))
+
+    def resolved_entries(self) -> list[dict[str, Any]]:
+        """The entries with every device time read (the events are waited for: call at the end)."""
+        if self.clock is None:
+            return self.entries
+        times = self.clock.times()
+        return [{k: _resolve(v, times) for k, v in e.items() if k != "_t0"} for e in self.entries]
 
     def dump(self, path: str | Path) -> Path:
         """Write the entries; ``path`` is a ``.json`` file or a directory (-> trace_rank{r}.json)."""
@@ -215,9 +289,25 @@ class TraceRecorder:
             p = p / f"trace_rank{self.global_rank}.json"
         else:
             p.parent.mkdir(parents=True, exist_ok=True)
-        body = ",\n".join(json.dumps(e) for e in self.entries)
+        body = ",\n".join(json.dumps(e) for e in self.resolved_entries())
         p.write_text(f"[\n{body}\n]\n" if body else "[]\n")
         return p
+
+
+def _clock_for(inner: Communicator, clock: str | CudaClock | None) -> CudaClock | None:
+    """None (host time) or the CUDA clock: ``clock`` "host", "cuda", a CudaClock, or None for the
+    communicator's device."""
+    if isinstance(clock, CudaClock):
+        return clock
+    if clock is None:
+        clock = "cuda" if torch.device(getattr(inner, "device", "cpu")).type == "cuda" else "host"
+    if clock == "host":
+        return None
+    if clock != "cuda":
+        raise ValueError(f"TracingCommunicator: clock must be 'host' or 'cuda', got {clock!r}")
+    if not torch.cuda.is_available():
+        raise ValueError("TracingCommunicator: clock 'cuda' needs a CUDA device (torch.cuda.is_available() is False)")
+    return CudaClock()
 
 
 def _torch_pg_id(inner: Communicator) -> int | None:
@@ -245,6 +335,7 @@ class TracingCommunicator(Communicator):
         *,
         recorder: TraceRecorder | None = None,
         pg_id: int | None = None,
+        clock: str | CudaClock | None = None,
     ) -> None:
         self.inner = inner
         self.rank = inner.rank if rank is None else int(rank)
@@ -256,7 +347,7 @@ class TracingCommunicator(Communicator):
             )
         self.global_ranks = list(getattr(inner, "global_ranks", range(self.world_size)))
         self._ranks = tuple(self.global_ranks)
-        self.recorder = recorder or TraceRecorder(self.global_ranks[self.rank])
+        self.recorder = recorder or TraceRecorder(self.global_ranks[self.rank], _clock_for(inner, clock))
         if pg_id is None:
             pg_id = _torch_pg_id(inner)
         if pg_id is None:
@@ -272,7 +363,8 @@ class TracingCommunicator(Communicator):
 
     @property
     def entries(self) -> list[dict[str, Any]]:
-        return self.recorder.entries
+        """The entries so far (a CUDA trace's with its device times read: waits for the device)."""
+        return self.recorder.resolved_entries()
 
     def dump(self, path: str | Path) -> Path:
         return self.recorder.dump(path)
@@ -289,6 +381,8 @@ class TracingCommunicator(Communicator):
             "in_split": ins, "out_split": outs, "startTime_ns": time.time_ns(), "duration_ns": None,
             "markers": (tag or "untagged",), "backend": self._backend,
         }
+        if rec.clock is not None:
+            entry["clock"] = "cuda"
         if comms == "barrier":  # param reads no sizes for a barrier
             for key in ("in_msg_size", "out_msg_size", "dtype", "in_split", "out_split"):
                 del entry[key]
@@ -314,9 +408,12 @@ class TracingCommunicator(Communicator):
         if not async_op:
             entry["duration_ns"] = entry["call_ns"]
             return out
+        on_device = rec.clock is not None
 
         def finish(result):
-            if entry["duration_ns"] is None:
+            # on the host it completed when its wait returned or its future fired; a CUDA stream
+            # resumes after it where the wait stood, which the wait (or the backward's join) records
+            if entry["duration_ns"] is None and not on_device:
                 entry["duration_ns"] = time.perf_counter_ns() - t0
             return result
 
@@ -325,9 +422,14 @@ class TracingCommunicator(Communicator):
             try:
                 return finish(out.wait())
             finally:
-                rec.put_wait(entry, w, rec.end_block(w))
+                t1 = rec.now()
+                rec.put_wait(entry, w, rec.end_block(w, t1))
+                if on_device and entry["duration_ns"] is None:
+                    entry["duration_ns"] = rec._since(t1, t0)
 
         def future():
+            if on_device:
+                entry["_t0"] = t0  # the join at the backward's end gives its duration
             rec.add_unjoined(entry)  # joined where the process waits for it: watch_backward
             return inner_future().then(lambda f: finish(f.value()))
 
@@ -352,8 +454,8 @@ class TracingCommunicator(Communicator):
         engine = torch.autograd.Variable._execution_engine
 
         def graph_done() -> None:
-            t_begin = time.perf_counter_ns()
-            engine.queue_callback(lambda: rec.join_futures(t_begin, time.perf_counter_ns()))
+            t_begin = rec.now()
+            engine.queue_callback(lambda: rec.join_futures(t_begin, rec.now()))
 
         def on_grad(_g: torch.Tensor) -> None:
             engine.queue_callback(graph_done)

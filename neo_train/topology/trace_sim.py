@@ -355,11 +355,14 @@ def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_
     lags) or its Comm's end.
     The part of 'took' that is the collective itself rather than waiting for late ranks: it tells
     the network model's error from the schedule's. None when the run does not show it (an async
-    collective joined by a wait: its completion is not recorded)."""
+    collective joined by a wait: its completion is not recorded; or a CUDA trace, whose durations
+    are the device's while ``startTime_ns`` is each host's clock)."""
     starts, dones, arrive, resume = [], [], [], []
     for rank, e in by_rank.items():
         c = call_of.get((rank, key))
         if c is None or c.step not in steady or e.get("startTime_ns") is None or e.get("duration_ns") is None:
+            return None
+        if e.get("clock") == "cuda":
             return None
         if not c.sync and e.get("joined_by") != "backward":
             return None
