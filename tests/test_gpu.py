@@ -18,6 +18,7 @@ GPU tests (``@gpu``: marked ``gpu`` and skipped without CUDA):
     test_steady_state_host_syncs         <= 2 synchronising calls per pipelined step
     test_positions_where_on_gpu_needs_no_sync  the sync-free position select (hot-row split, TW sparse output)
     test_a_cuda_trace_times_the_stream   the tracer's CUDA clock: compute and waits in device time
+    test_a_calibration_burst_fills_the_device  a busy calibration's compute on a GPU: device time, host waits
 
 CPU tests (not GPU-marked: they run in CI): the registry's ``auto`` policy on CUDA, and the
 Triton parity harness itself at toy sizes under Triton's interpreter, so the GPU test's code
@@ -724,3 +725,27 @@ def test_a_cuda_trace_times_the_stream(tmp_path: Path) -> None:
     assert e[1]["wait_compute_ns"] * ms == pytest.approx(0.5 * per_million_ms, rel=0.3)
     assert e[1]["wait_ns"] * ms == pytest.approx(0.5 * per_million_ms, rel=0.5)  # 1 M cycles, 0.5 M behind the launch
     assert host_ms < per_million_ms, f"the host waited ({host_ms:.2f} ms): the test measures nothing"
+
+
+@gpu
+def test_a_calibration_burst_fills_the_device() -> None:
+    """A busy calibration's burst on a GPU (``calibrate._busy``) keeps the device computing for the
+    time asked and returns when the stream is done: the host's and the device's clocks agree."""
+    import torch
+
+    from neo_train.topology.calibrate import _busy
+
+    work = torch.randn(1024, 1024, device="cuda")
+    _busy(work, 0.001)  # the product's time measured once
+    for seconds in (0.002, 0.01):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        _busy(work, seconds)
+        host_s = time.perf_counter() - t0
+        assert torch.cuda.current_stream().query(), "the burst returned before the device finished it"
+        end.record()
+        end.synchronize()
+        device_s = start.elapsed_time(end) / 1e3
+        assert device_s == pytest.approx(seconds, rel=0.3)
+        assert host_s == pytest.approx(device_s, rel=0.3, abs=2e-4)

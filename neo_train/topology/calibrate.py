@@ -671,7 +671,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         twin_ops = {cell: _cell_op(cell, twins[cell[1]], device) for cell in cells if cell[1] in twins}
     rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
     rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
-    work = torch.randn(96, 96, device=device)
+    work = torch.randn(*((1024, 1024) if torch.device(device).type == "cuda" else (96, 96)), device=device)
     computed = [0.0]  # seconds this rank computed in the iteration
 
     def compute(seconds: float) -> None:
@@ -842,10 +842,44 @@ def _rule_duration(last: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) ->
 
 
 def _busy(work: Any, seconds: float) -> None:
-    """Keep this rank's thread computing for ``seconds`` (matrix products: the GIL is released)."""
+    """Keep this rank computing for ``seconds``: on CPU its thread, in matrix products (the GIL
+    is released). On a GPU the host only enqueues: as many products as fill ``seconds`` of the
+    device (one timed once with CUDA events, ``_gpu_product_seconds``), then the host waits for
+    the stream, so the burst ends on the host's clock when it ends on the device and the next
+    collective, called then, starts on the device then too, as it would behind a step's kernels
+    (host-synchronising: a calibration, not a training step). CPU-verified: not yet run on a GPU."""
+    if getattr(work, "is_cuda", False):
+        import torch
+
+        for _ in range(round(seconds / _gpu_product_seconds(work))):
+            torch.mm(work, work)
+        torch.cuda.current_stream().synchronize()
+        return
     t_end = time.perf_counter() + seconds
     while time.perf_counter() < t_end:
         work @ work
+
+
+_GPU_PRODUCT_S: dict[tuple, float] = {}
+
+
+def _gpu_product_seconds(work: Any) -> float:
+    """Device seconds of one ``work @ work`` (CUDA events around 20, after a warm-up; once per
+    device and shape)."""
+    import torch
+
+    key = (str(work.device), tuple(work.shape), str(work.dtype))
+    if key not in _GPU_PRODUCT_S:
+        for _ in range(3):
+            torch.mm(work, work)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            torch.mm(work, work)
+        end.record()
+        end.synchronize()
+        _GPU_PRODUCT_S[key] = max(start.elapsed_time(end) / 20 / 1e3, 1e-7)
+    return _GPU_PRODUCT_S[key]
 
 
 # ---- the command's flags (``neo-train calibrate``; cli.py launches the ranks) ----------------------
