@@ -401,6 +401,22 @@ def test_a_cuda_trace_records_the_devices_times_not_the_hosts(tmp_path):
     assert [b.blocked for b in blocks[0]] == pytest.approx([2e-3, 0, 2e-3, 0, 1.5e-3])
 
 
+def test_a_long_cuda_trace_reads_its_times_without_recursion(tmp_path):
+    """The end of the last blocking interval is a maximum over all before it: a chain as long as
+    the trace, read at dump without recursion (10,000 calls)."""
+    from neo_train.comm.trace import CudaClock
+
+    dev = _Device()
+    tc = TracingCommunicator(_StreamComm(dev, stand_ms=0.25), clock=CudaClock(dev.event))
+    x = torch.ones(1)
+    for _ in range(10_000):
+        dev.ms += 0.75
+        tc.all_reduce(x, tag="metrics")
+    e = load_trace(tc.dump(tmp_path))
+    assert len(e) == 10_000 and e[0]["compute_ns"] is None
+    assert {x["compute_ns"] for x in e[1:]} == {750_000} and {x["call_ns"] for x in e} == {250_000}
+
+
 def test_a_trace_clock_must_be_host_or_an_available_cuda():
     comm = _StreamComm(_Device(), 1.0)
     with pytest.raises(ValueError, match="clock must be 'host' or 'cuda', got 'gpu'"):

@@ -153,13 +153,29 @@ class _Late:
         self.op, self.a, self.b = op, a, b
 
 
-def _resolve(x: Any, times: Sequence[int]) -> Any:
+def _resolve(x: Any, times: Sequence[int], memo: dict[int, int]) -> Any:
+    """``x``'s ns (``times``: each event's). Without recursion and each node once (``memo``, by
+    id): the time the last blocking interval ended is a maximum over every interval before it,
+    a chain as long as the trace."""
     if not isinstance(x, _Late):
         return x
-    if x.op == "t":
-        return times[x.a]
-    a, b = _resolve(x.a, times), _resolve(x.b, times)
-    return max(a, b) if x.op == "max" else max(0, a - b)  # "diff": a - b, never negative
+    stack = [x]
+    while stack:
+        n = stack[-1]
+        if id(n) in memo:
+            stack.pop()
+        elif n.op == "t":
+            memo[id(n)] = times[n.a]
+            stack.pop()
+        else:
+            todo = [c for c in (n.a, n.b) if isinstance(c, _Late) and id(c) not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            a, b = (memo[id(c)] if isinstance(c, _Late) else c for c in (n.a, n.b))
+            memo[id(n)] = max(a, b) if n.op == "max" else max(0, a - b)  # "diff": a - b, never negative
+            stack.pop()
+    return memo[id(x)]
 
 
 class CudaClock:
@@ -190,8 +206,9 @@ class CudaClock:
 class TraceRecorder:
     """The entries of one process (shared by a TracingCommunicator and its subgroups).
 
-    Entries hold only numbers, strings and tuples (lists in the JSON), so the garbage collector
-    stops tracking them: a long trace does not slow every later allocation down."""
+    A host trace's entries hold only numbers, strings and tuples (lists in the JSON), so the
+    garbage collector stops tracking them: a long trace does not slow every later allocation
+    down. A CUDA trace's hold its device times unread (``_Late``) until the dump."""
 
     def __init__(self, global_rank: int, clock: CudaClock | None = None) -> None:
         self.global_rank = global_rank
@@ -278,8 +295,8 @@ class TraceRecorder:
         """The entries with every device time read (the events are waited for: call at the end)."""
         if self.clock is None:
             return self.entries
-        times = self.clock.times()
-        return [{k: _resolve(v, times) for k, v in e.items() if k != "_t0"} for e in self.entries]
+        times, memo = self.clock.times(), {}
+        return [{k: _resolve(v, times, memo) for k, v in e.items() if k != "_t0"} for e in self.entries]
 
     def dump(self, path: str | Path) -> Path:
         """Write the entries; ``path`` is a ``.json`` file or a directory (-> trace_rank{r}.json)."""
