@@ -15,6 +15,9 @@ def set_slice(tid, ns, policy=0, nice=None):
     if r != 0:
         raise OSError(ctypes.get_errno(), f"sched_setattr {tid}")
 
+def name_of(tid):
+    return open(f'/proc/self/task/{tid}/comm').read().strip()
+
 def comm_threads():
     out = []
     for tid in os.listdir("/proc/self/task"):
@@ -40,12 +43,12 @@ def apply(mode):
         return 0
     tids = comm_threads()
     for tid in tids:
-        if mode == "fifo":
+        if mode == "fifo" or (mode == "fifow" and name_of(tid).startswith("pt_gloo")):
             os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
         elif mode in ("slice", "both"):
             set_slice(tid, 100_000)
         elif mode == "nice":
-            os.setpriority(os.PRIO_PROCESS, tid, -10)
+            os.setpriority(os.PRIO_PROCESS, tid, int(os.environ.get("NICE", "-10")))
     if mode in ("mainslice", "both"):
         set_slice(threading_native_id(), 100_000)
     return len(tids)
@@ -66,9 +69,10 @@ def body(comm, cfg, plan_json, trace_dir, mode):
     comm.dump(trace_dir)
     return {"ms": res.train_seconds / res.steps * 1e3, "n": n}
 
+W = int(os.environ.get('W', '2'))
 def waits(trace):
     out = []
-    for r in (0, 1):
+    for r in range(W):
         d = json.load(open(f"{trace}/trace_rank{r}.json"))
         out += [e["wait_ns"] / 1e6 for e in d if "comms" in e and e.get("wait_ns") is not None and (e.get("step") or 0) >= 4]
     return np.array(out)
@@ -77,13 +81,13 @@ if __name__ == "__main__":
     from neo_train.config import preset
     cfg = preset("small")
     cfg = cfg.replace(train=cfg.train.replace(eval_every=0, eval_batches=1))
-    wd = Path("/tmp/s19/prio"); wd.mkdir(parents=True, exist_ok=True)
-    plan = sys.argv[1]; modes = sys.argv[2].split(","); reps = int(sys.argv[3])
+    wd = Path("/tmp/prio"); wd.mkdir(parents=True, exist_ok=True)
+    plan = sys.argv[1]; W = int(os.environ.get("W", "2")); modes = sys.argv[2].split(","); reps = int(sys.argv[3])
     pipe = len(sys.argv) > 4 and sys.argv[4] == "pipelined"
     for rep in range(reps):
         for mode in modes:
             trace_dir = wd / f"{plan}_{mode}_{rep}"
             run_cfg = cfg.replace(train=cfg.train.replace(steps=40, pipeline=pipe), dist=cfg.dist.replace(trace_dir=str(trace_dir)))
-            r = run_ranks(body, 2, run_cfg, sv.make_plan(plan, cfg.model, 2).to_json(), str(trace_dir), mode, timeout_s=900)
+            r = run_ranks(body, W, run_cfg, sv.make_plan(plan, cfg.model, W).to_json(), str(trace_dir), mode, timeout_s=900)
             w = waits(trace_dir)
             print(f"{plan} {mode:<9} rep{rep}: {r[0]['ms']:.2f} ms/step ({r[0]['n']} threads); waits mean {w.mean():.3f} p90 {np.percentile(w, 90):.3f} share>2ms {(w > 2).mean():.3f}", flush=True)
