@@ -183,12 +183,11 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat:
 def duty(trace_dir: str, warmup: int) -> tuple[float, float, dict[str, float], float]:
     """(mean compute between two blocking intervals of a rank, mean compute while an asynchronous
     collective is in flight, the same per collective kind, seconds; the share of the time the
-    ranks compute) in the steady steps (``trace_duties``, ``trace_compute_share``): the busy
+    ranks compute) in the steady steps (``trace_load``: ``trace_duties`` and ``trace_compute_share``): the busy
     calibration's compute bursts and its overlap, and the load to set beside the calibration's."""
-    from neo_train.topology.trace_input import load_trace, trace_compute_share, trace_duties
+    from neo_train.topology.trace_input import load_trace, trace_load
 
-    traces = load_trace(trace_dir)
-    return (*trace_duties(traces, warmup), trace_compute_share(traces, warmup))
+    return trace_load(load_trace(trace_dir), warmup)
 
 
 def run_duties(cases: list[dict[str, Any]], warmup: int) -> tuple[float, float, dict[str, float], float]:

@@ -967,11 +967,12 @@ def test_trace_compute_share_is_the_time_the_ranks_compute(tmp_path):
     """The hand trace's step 0: rank 0 computes 1 + 2 + 1 + 0.5 ms and blocks 0.1 + 1 + 0 + 4.5 ms,
     rank 1 computes 3 + 0.5 + 2 + 0.5 and blocks 0.1 + 0.5 + 0 + 3.5: shares 4.5 / 10.1 and
     6 / 10.1, their mean; no steady step, no share."""
-    from neo_train.topology.trace_input import trace_compute_share
+    from neo_train.topology.trace_input import trace_compute_share, trace_duties, trace_load
 
     traces = load_trace(_hand_trace(tmp_path / "tr"))
     assert trace_compute_share(traces) == pytest.approx((4.5 / 10.1 + 6.0 / 10.1) / 2)
     assert trace_compute_share(traces, warmup_steps=1) == 0.0
+    assert trace_load(traces) == (*trace_duties(traces), trace_compute_share(traces))  # one reading, the same figures
 
 
 def _share_body(comm, busy_s):

@@ -221,7 +221,7 @@ class TraceRecorder:
         self._order = 0
         self._last_end: Any = None  # when the last blocking interval ended (``now``)
         self.step: int | None = None
-        self._step_began: int | None = None
+        self._step_began: Any = None  # when the step in progress began (``now``), until its first interval
         self._unjoined: list[dict[str, Any]] = []  # async entries handed out as futures, not yet waited
 
     # ---- instants: host ns, or (CUDA) events read at dump ---------------------------------------

@@ -58,8 +58,8 @@ from .simulator import Comm, Compute, Phase, Transfer
 
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
-           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "trace_compute_share", "ReturnLags",
-           "concurrent_collectives"]
+           "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "trace_compute_share", "trace_load",
+           "ReturnLags", "concurrent_collectives"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -508,9 +508,14 @@ def trace_duties(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[flo
     ``--overlap-ms``); and that overlap per collective kind (DDP's gradient buckets, all_reduce,
     stay in flight under the rest of the backward, the next batch's ids, all_to_allv, under a
     forward). 0.0 (an empty mapping) where the trace has none."""
-    gaps, overlaps, _ = _duty(traces, warmup_steps)
+    return trace_load(traces, warmup_steps)[:3]
+
+
+def trace_load(traces: Mapping[int, list], warmup_steps: int = 0) -> tuple[float, float, dict[str, float], float]:
+    """``trace_duties`` and ``trace_compute_share`` together, from one reading of the timelines."""
+    gaps, overlaps, shares = _duty(traces, warmup_steps)
     every = [x for xs in overlaps.values() for x in xs]
-    return _mean(gaps), _mean(every), {k: _mean(xs) for k, xs in sorted(overlaps.items())}
+    return _mean(gaps), _mean(every), {k: _mean(xs) for k, xs in sorted(overlaps.items())}, _mean(shares)
 
 
 def _mean(xs: list[float]) -> float:
@@ -551,7 +556,7 @@ def trace_compute_share(traces: Mapping[int, list], warmup_steps: int = 0) -> fl
     their host. On a host whose cores the ranks hold, a collective's threads wait for a core the
     more often the more of the time the ranks compute; a busy calibration reports its own
     (``compute_share`` in its samples) to set beside it."""
-    return _mean(_duty(traces, warmup_steps)[2])
+    return trace_load(traces, warmup_steps)[3]
 
 
 # a collective factory: (kind, group, {rank: entry}, name, after) -> (phases, the phase ranks join on),

@@ -46,7 +46,7 @@ from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
 from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers, has_recorded_compute,
                           load_trace, network_collectives, timeline_phases, trace_markers, trace_phases,
-                          trace_compute_share, trace_duties, trace_transports, trace_world_size)
+                          trace_load, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
            "calibrated_collectives", "calibrated_return_lags", "entry_sizes"]
@@ -444,8 +444,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         print("compute: each rank's recorded compute (per-rank chains joined at collectives)")
         warmup = getattr(args, "warmup_steps", None)
         warmup = WARMUP_STEPS if warmup is None else warmup
-        gap, overlap, by_kind = trace_duties(traces, warmup)
-        share = trace_compute_share(traces, warmup)
+        gap, overlap, by_kind, share = trace_load(traces, warmup)
         by_kind = {k: v for k, v in by_kind.items() if k in KINDS}  # the kinds a calibration measures
         if gap > 0:
             kinds = ",".join(f"{k}={v * 1e3:.2f}" for k, v in by_kind.items()) or f"{overlap * 1e3:.2f}"
