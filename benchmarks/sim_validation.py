@@ -1,7 +1,7 @@
 """The network simulator against measured runs (issue 14, item 1): predicted vs measured step
 time and per-collective time of real gloo training runs on this machine.
 
-    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~10 min on 2 cores)
+    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~17 min on 2 cores)
     python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
 
@@ -28,7 +28,8 @@ For each world size W (gloo ranks on this host, one torch thread each):
    2..W x message size; alpha per (kind, group size), beta per kind, the fabric (shared /
    per_rank) that fits better. A call's cost is what the simulator charges: the mean over
    iterations and the group's ranks of (return - the last rank's call). --iters CAL_BUDGET / W^2
-   per cell (84 at W = 2, 21 at W = 4; ``CAL_BUDGET`` says why). Two calibrations
+   per cell, at least CAL_MIN_ITERS (84 at W = 2, 63 at W = 3 and 4; ``CAL_BUDGET`` and
+   ``CAL_MIN_ITERS`` say why). Two calibrations
    (--calibrations; default busy, the one the goals are judged on):
        idle    each call after a barrier, the ranks otherwise idle: the transport alone
        busy    one per mode, for that mode's runs. No barrier; before each call every rank
@@ -111,6 +112,13 @@ overrides): an iteration costs about W^2 as much (W - 1 group sizes, each on mor
 calibration takes seconds, a W = 4 one most of a minute), and the noise is worst at W = 2, where
 two calibrations with 21 or 42 iterations predicted the same traces up to 7 - 8 points apart, with
 84 about 3 (notes/sim_validation.md, "2026-11-24, night")."""
+CAL_MIN_ITERS = 63
+"""The fewest calibration iterations per cell (``--iters`` overrides): at W = 4, 21 left the
+asynchronous all-to-all's cells scattered up to 10 x apart (its fit's rms error 37 - 41 %); with 63,
+19 - 25 %, and 38 and 37 of 40 W = 4 collective rows within the goal in two runs against 34 - 36
+in three (TW's output dists stay over-predicted, +29 to +32 %; notes/sim_validation.md,
+"2026-11-24, session 21"). W = 3 gets 63 instead of 37, W = 2 keeps 84: a run takes about 17
+minutes instead of 10."""
 MODES = ("pipelined", "plain")
 BATCH_SIZE = 1024
 """Per-rank batch of the recorded runs (``--batch-size``; the ``small`` preset's own is 256). At
@@ -527,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=0,
                     help=f"recordings of each case, separate launches pooled (default {REPEATS}, quick 1)")
     ap.add_argument("--iters", type=int, default=0,
-                    help=f"calibration iterations per cell (default {CAL_BUDGET} / W^2: 84 at W = 2, 21 at W = 4; quick 5)")
+                    help=f"calibration iterations per cell (default {CAL_BUDGET} / W^2, at least {CAL_MIN_ITERS}: 84 at "
+                         f"W = 2, 63 at W = 3 and 4; quick 5)")
     ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
     ap.add_argument("--calibrations", default="busy",
                     help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
@@ -560,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup >= 0 else 4
 
     def iters_for(W: int) -> int:
-        return args.iters or (5 if args.quick else max(1, round(CAL_BUDGET / W ** 2)))
+        return args.iters or (5 if args.quick else max(CAL_MIN_ITERS, round(CAL_BUDGET / W ** 2)))
     repeats = args.repeats or (1 if args.quick else REPEATS)
     if args.repeats < 0 or args.iters < 0 or args.steps < 0:
         ap.error("--repeats, --iters and --steps must be positive")
@@ -579,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "
           f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up) x {repeats} recordings, "
-          f"calibration {len(sizes)} sizes x {args.iters or ('5' if args.quick else f'{CAL_BUDGET} / W^2')} iterations; "
+          f"calibration {len(sizes)} sizes x {args.iters or ('5' if args.quick else f'max({CAL_MIN_ITERS}, {CAL_BUDGET} / W^2)')} iterations; "
           f"files in {workdir}", flush=True)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []

@@ -902,6 +902,8 @@ def test_benchmark_chart_from_a_report(tmp_path):
     assert summary[("idle", 0)] == [1, 4, pytest.approx(-0.225), 2, 6, 2]
     assert summary[("busy", 3)] == [1, 1, pytest.approx(0.0), 0, 2, 0]
     assert summary[("busy", 0)] == [4, 4, pytest.approx(-0.025), 2, 6, 2]
+    widened = [dict(rows[0], collectives_within_noise=[2, 2])]  # its -30 % row within the launches' error
+    assert [x[5:] for x in sv.summary_by_world(widened)] == [(1, 2, 2), (1, 2, 2)]
 
 
 def test_trace_duty_gives_the_busy_and_overlap_calibration_times(tmp_path):
