@@ -229,19 +229,17 @@ def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> 
 
 def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
     """``neo-train simulate --trace --calibration``'s computation on one recorded case."""
-    from neo_train.topology.simulator import simulate
-    from neo_train.topology.trace_input import load_trace, timeline_phases, trace_transports
-    from neo_train.topology.trace_sim import calibrated_collectives, calibrated_return_lags, validate_timeline
+    from neo_train.topology.trace_input import load_trace, trace_transports
+    from neo_train.topology.trace_sim import simulate_calibrated, validate_timeline
 
     traces = load_trace(case["trace"])
     cal.check_for(case["W"], trace_transports(traces), f"trace {case['trace']}")
-    tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal))
     t1 = time.perf_counter()
-    res = simulate(tl.phases, cal.network())
+    tl, res, passes = simulate_calibrated(traces, cal)
     sim_s = time.perf_counter() - t1
     val = validate_timeline(tl, res, warmup)
     s = val.summary()
-    return _verdicts(val.steps, s["collectives"]) | {"sim_wall_s": sim_s, "phases": len(tl.phases)}
+    return _verdicts(val.steps, s["collectives"]) | {"sim_wall_s": sim_s, "phases": len(tl.phases), "sim_passes": passes}
 
 
 def _ratio(pred: float, meas: float) -> float:

@@ -231,6 +231,7 @@ def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys
     assert simulate_command(args) == 0
     out = capsys.readouterr().out
     assert "each rank's recorded compute" in out and "predicted vs measured, 3 steady steps" in out
+    assert re.search(r"simulated [1-6] time\(s\): the asynchronous collectives' idle shares settled", out), out
     assert re.search(r"computing \d+% of the time \(a calibration for this trace: neo-train calibrate --nproc 2 --busy-ms "
                      r"\d+\.\d\d --overlap-ms (\w+=\d+\.\d\d,?)+ --out FILE", out), out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -722,6 +723,88 @@ def test_async_collectives_use_the_calibration_for_launched_collectives(tmp_path
     back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert back.async_kinds == cal.async_kinds and back.latency("all_reduce", 2, async_op=True) == 3e-3
     assert back.latency("all_gather", 2, async_op=True) == back.latency("all_gather", 2)  # no async fit: blocking
+
+
+def _idle_cal() -> Calibration:
+    """Blocking a2a: alpha 1 ms, spread 1 ms, byte factor 1; launched while computing: alpha 3 ms,
+    0.5 ms more in company, spread 2 ms, byte factor 2."""
+    cal = _cal()
+    cal.kinds["all_to_allv"] = KindFit({2: 1e-3}, 1e-9, 1.0, spread_s={2: 1e-3})
+    cal.async_kinds = {"all_to_allv": KindFit({2: 3e-3}, 2e-9, 2.0, spread_s={2: 2e-3}, concurrent_s={2: 5e-4})}
+    return cal
+
+
+def test_an_async_collective_its_ranks_wait_idle_for_costs_the_blocking_fit_for_that_share():
+    """An asynchronous collective's latency, spread and byte factor mix the blocking fit in by the
+    share of its time its ranks wait idle for it: none, the asynchronous fit (company included);
+    all, the blocking fit; between, in proportion. A blocking call, or a kind without an
+    asynchronous fit, is not moved; a share outside 0..1 is an error."""
+    cal = _idle_cal()
+    assert cal.latency("all_to_allv", 2, True) == pytest.approx(3e-3)
+    assert cal.latency("all_to_allv", 2, True, idle=1.0) == pytest.approx(1e-3)
+    assert cal.latency("all_to_allv", 2, True, idle=0.25) == pytest.approx(0.75 * 3e-3 + 0.25 * 1e-3)
+    assert cal.latency("all_to_allv", 2, True, concurrent=True, idle=0.25) == pytest.approx(0.75 * 3.5e-3 + 0.25e-3)
+    # the blocking share counts from the last call, the launch's time before the collective starts
+    assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(2.5e-3 - 0.25 * 4e-4)
+    assert cal.latency("all_to_allv", 2, True, launch_s=4e-4) == pytest.approx(3e-3)
+    assert cal.latency("all_to_allv", 2, False, idle=0.5) == pytest.approx(1e-3)  # blocking: its own fit
+    assert cal.latency("all_reduce", 2, True, idle=0.5) == cal.latency("all_reduce", 2)  # no async fit
+    assert cal.spread("all_to_allv", 2, True, idle=0.5) == pytest.approx(1.5e-3)
+    assert cal.spread("all_to_allv", 2, False, idle=0.5) == pytest.approx(1e-3)
+
+    def bytes_on_fabric(**kw):
+        (rnd,) = cal.comm("all_to_allv", [0, 1], np.full((2, 2), 100.0), name="x", async_op=True, **kw).rounds
+        return float(np.sum(rnd.nbytes))
+    assert bytes_on_fabric() == pytest.approx(400.0)  # 200 B off the diagonal, byte factor 2
+    assert bytes_on_fabric(idle=0.5) == pytest.approx(300.0)  # factor 1.5
+    assert bytes_on_fabric(idle=1.0) == pytest.approx(200.0)
+    with pytest.raises(ValueError, match="idle share 1.5 of a all_to_allv"):
+        cal.latency("all_to_allv", 2, True, idle=1.5)
+    # the factories read the share from the entries (timeline_phases puts it there)
+    e = {r: {"in_msg_size": 8, "dtype": "float", "async": True, "_idle": 1.0} for r in (0, 1)}
+    lat, _ = calibrated_collectives(cal)("all_to_allv", [0, 1], e, "a2a", ())[0]
+    assert lat.seconds == pytest.approx(1e-3)
+    lags = calibrated_return_lags(cal, seed=0)
+    draws = [sum(lags("all_to_allv", [0, 1], e).values()) / 2 for _ in range(4000)]
+    assert np.mean(draws) == pytest.approx(1e-3, rel=0.08)  # the blocking spread, not the async 2 ms
+
+
+def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(tmp_path, monkeypatch):
+    """The hand-made trace's asynchronous all-to-all starts when rank 1's launch returns (4.1 ms);
+    rank 0 already waits for it there, rank 1 from 4.6 ms. With the asynchronous fit's 3 ms it
+    ends at 7.1 ms: the ranks wait 3 + 2.5 of its 2 x 3 ms, a share of 11/12. The all-reduce
+    joined by the backward counts the ranks' waits at the backward's end; the blocking calls have
+    none. The simulation repeats with each pass's shares until they settle: the collective lasts
+    D = 3 - 2 f - 0.1 f ms (the blocking share less the 0.1 ms launches) with f = 1 - 0.25 / D, so
+    D = (0.9 + sqrt(0.81 + 2.1)) / 2 ms."""
+    from neo_train.topology import trace_sim
+    from neo_train.topology.trace_sim import idle_shares, simulate_calibrated
+
+    cal = _idle_cal()
+    for k in cal.kinds:
+        cal.kinds[k] = dataclasses.replace(cal.kinds[k], spread_s={})
+    cal.async_kinds = {"all_to_allv": KindFit({2: 3e-3}, 1e-9), "all_reduce": KindFit({2: 2e-3}, 1e-9)}
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal))
+    res = simulate(tl.phases, cal.network())
+    end = {p.name: p.end * 1e3 for p in res.phases}
+    assert end[tl.nodes[(0, 2)][1]] == pytest.approx(7.1)
+    shares = {tl.colls[k][0]["comms"]: v for k, v in idle_shares(tl, res).items()}
+    # the all-reduce: from rank 1's launch (7.1 ms) to its end (11.1 ms), waited for at the
+    # backward's end from 6.6 and 7.6 ms
+    assert shares == pytest.approx({"all_to_allv": 11 / 12, "all_reduce": (4.0 + 3.5) / 8})
+    D = (0.9 + math.sqrt(0.81 + 2.1)) / 2
+    tl, res, passes = simulate_calibrated(traces, cal)  # until no share moves by more than 0.02
+    end = {p.name: p.end * 1e3 for p in res.phases}
+    assert 3 <= passes < 6
+    assert end[tl.nodes[(0, 2)][1]] == end[tl.nodes[(1, 2)][1]] == pytest.approx(4.1 + D, abs=0.05)
+    monkeypatch.setattr(trace_sim, "IDLE_TOLERANCE", 1e-9)
+    tl, res, passes = simulate_calibrated(traces, cal, passes=60)
+    end = {p.name: p.end * 1e3 for p in res.phases}
+    assert end[tl.nodes[(0, 2)][1]] == pytest.approx(4.1 + D, abs=1e-6) and passes < 60
+    # one pass: the asynchronous fit alone
+    tl1, res1, n1 = simulate_calibrated(traces, cal, passes=1)
+    assert n1 == 1 and {p.name: p.end for p in res1.phases}[tl1.nodes[(0, 2)][1]] * 1e3 == pytest.approx(7.1)
 
 
 # ---- the command line: errors name the file, rank and field -------------------------------------

@@ -50,7 +50,16 @@ once (the output dist beside the next batch's ids, the backward's beside DDP's b
 host whose cores the ranks hold each then takes longer: a busy calibration's second pass measures
 what that adds (``KindFit.concurrent_s``, per group size), and the simulator adds it to the
 asynchronous collectives the trace's order shows in company (``trace_input.concurrent_collectives``),
-once however many companions they have (one was measured).
+once however many companions they have (one was measured). The ranks do not always compute while
+an asynchronous collective progresses: a rank that reaches its wait early blocks, and its core then
+serves the transport, as in a blocking call. So the simulator charges an asynchronous collective
+the asynchronous fit for the share of its time its ranks compute and the blocking fit for the
+share they wait idle for it (``idle`` in ``Calibration.latency``, ``spread`` and ``comm``: latency,
+spread and byte factor mixed in proportion); the share comes from the simulated schedule, which it
+moves, so ``trace_sim.simulate_calibrated`` simulates again with the last pass's shares until they
+settle. With the asynchronous fit alone, TW's output dists, which the ranks holding fewer tables
+wait for while the others still look theirs up, came out 25 - 32 % long at every W
+(notes/sim_validation.md, "2026-11-24, idle ranks").
 
 Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job, the
 others waiting; busy: the job cut into disjoint groups of that size running side by side, as a
@@ -417,32 +426,57 @@ class Calibration:
                                    f"calibrate with that collective")
         return self.kinds[k]
 
-    def latency(self, kind: str, group_size: int, async_op: bool = False, concurrent: bool = False) -> float:
+    def _mix(self, kind: str, async_op: bool, idle: float) -> list[tuple[float, KindFit]]:
+        """(weight, fit) pairs whose weighted sum is ``kind``'s figure: its fit (``fit_for``); an
+        asynchronous collective whose ranks wait idle for it for the share ``idle`` of its time
+        (0..1, ``trace_sim.idle_shares``) mixes in the blocking fit by that share. The asynchronous
+        fit was measured with every rank computing while the collective progressed, the blocking
+        one with every rank waiting in it, when a rank's core serves the transport
+        (notes/sim_validation.md, "2026-11-24, idle ranks")."""
+        if not 0.0 <= idle <= 1.0:
+            raise ValueError(f"{self._where()}: idle share {idle} of a {kind} is not within 0..1")
+        fit = self.fit_for(kind, async_op)
+        k = "all_reduce" if kind == "barrier" else kind
+        if async_op and idle > 0 and k in self.async_kinds and k in self.kinds:
+            return [(1.0 - idle, fit), (idle, self.kinds[k])]
+        return [(1.0, fit)]
+
+    def latency(self, kind: str, group_size: int, async_op: bool = False, concurrent: bool = False,
+                idle: float = 0.0, launch_s: float = 0.0) -> float:
         """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one);
         ``async_op``: launched asynchronously (``fit_for``); ``concurrent``: with other collectives
         in flight on its ranks (adds ``KindFit.concurrent_s`` where the fit has it, once: the
         calibration measures one companion; charging it per companion over-predicted W = 3, 4 mixed
-        plans by 13 - 21 %, notes/sim_validation.md, "2026-11-24, night")."""
+        plans by 13 - 21 %, notes/sim_validation.md, "2026-11-24, night"); ``idle``: the share of an
+        asynchronous collective's time its ranks wait idle for it (``_mix``), ``launch_s`` its
+        launch's seconds: the blocking fit's time runs from the last rank's call, an asynchronous
+        collective's from the last launch's return, so the blocking share is charged that much less."""
         if group_size < 2:
             return 0.0
-        fit = self.fit_for(kind, async_op)
-        if group_size not in fit.latency_s:
-            raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
-                                   f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
-        return fit.latency_s[group_size] + (fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0)
+        mix = self._mix(kind, async_op, idle)
+        total = 0.0
+        for w, fit in mix:
+            if group_size not in fit.latency_s:
+                raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
+                                       f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
+            total += w * (fit.latency_s[group_size] + (fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0))
+        if len(mix) == 2:  # the blocking fit mixed in
+            total = max(0.0, total - mix[1][0] * launch_s)
+        return total
 
-    def spread(self, kind: str, group_size: int, async_op: bool = False) -> float:
+    def spread(self, kind: str, group_size: int, async_op: bool = False, idle: float = 0.0) -> float:
         """``KindFit.spread_s``: the mean lag of the ranks waiting for a collective behind the first
         of them to return (0: they return together, as in calibrations before the spread was
-        measured, and for a barrier)."""
+        measured, and for a barrier); ``idle`` as in ``latency``."""
         if group_size < 2 or kind == "barrier":
             return 0.0
-        return self.fit_for(kind, async_op).spread_s.get(group_size, 0.0)
+        return sum(w * fit.spread_s.get(group_size, 0.0) for w, fit in self._mix(kind, async_op, idle))
 
     def comm(self, kind: str, group: Sequence[int], sizes: Any, *, name: str, after: Sequence[str] = (),
-             async_op: bool = False) -> Comm:
-        """The collective's bytes on the fabric (``fabric_comm``, scaled by the kind's byte factor)."""
-        factor = 0.0 if kind == "barrier" else self.fit_for(kind, async_op).byte_factor
+             async_op: bool = False, idle: float = 0.0) -> Comm:
+        """The collective's bytes on the fabric (``fabric_comm``, scaled by the kind's byte factor;
+        ``idle`` as in ``latency``)."""
+        factor = 0.0 if kind == "barrier" else sum(w * fit.byte_factor for w, fit in self._mix(kind, async_op, idle))
         hosts = [self.host_of(r) for r in group] if self.fabric == "per_rank" else list(group)
         return fabric_comm(kind, hosts, sizes, self.fabric, name=name, after=after, byte_factor=factor)
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -581,17 +581,22 @@ class Timeline:
     colls: dict[tuple, dict[int, dict]]
     local: set
     """Keys of the collectives that crossed no network (replayed as compute)."""
+    comm_start: dict[tuple, str] = field(default_factory=dict)
+    """collective key -> its first phase, which starts when the last rank of its group arrives."""
 
 
 def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
-                    return_lags: ReturnLags | None = None) -> Timeline:
+                    return_lags: ReturnLags | None = None, idle: Mapping[tuple, float] | None = None) -> Timeline:
     """Per-rank chains joined at collectives (see the module docstring); ``factory`` turns each
     matched collective into phases (a calibration's latency and fabric transfer, or a topology's).
     ``return_lags`` (e.g. ``trace_sim.calibrated_return_lags``): per collective, the seconds each
     rank resumes after its end when it waited for it, in its blocking call or its wait (default:
-    all at once)."""
+    all at once). ``idle``: {collective key: the share of its time its ranks wait idle for it}
+    (``trace_sim.idle_shares`` of an earlier simulation), which the factory and ``return_lags``
+    see as ``_idle`` in its entries, as they see ``_concurrent``."""
     blocks, colls = rank_timelines(traces)
     concurrent = concurrent_collectives(blocks)
+    idle = idle or {}
     lags: dict[tuple, Mapping[int, float]] = {}
     phases: list[Phase] = []
     arrivals: dict[tuple, list[str]] = {}
@@ -604,6 +609,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
         if key in concurrent:  # the factory sees how many others were in flight with it on a rank
             by_rank = {r: dict(e, _concurrent=concurrent[key]) for r, e in by_rank.items()}
+        if idle.get(key):
+            by_rank = {r: dict(e, _idle=idle[key]) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
         if made is None:
             local.add(key)
@@ -646,13 +653,14 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
             prev = (end,)
     # every collective's first phases wait for every rank of its group to arrive
     by_name = {p.name: i for i, p in enumerate(phases)}
+    comm_start: dict[tuple, str] = {}
     for key, names in arrivals.items():
-        first = _first_phase(phases, comm_end[key], by_name)
+        first = comm_start[key] = _first_phase(phases, comm_end[key], by_name)
         i = by_name[first]
         p = phases[i]
         phases[i] = Compute(p.name, p.seconds, tuple(names)) if isinstance(p, Compute) else Comm(
             p.name, p.rounds, tuple(names), p.collective, p.algorithm, p.payload)
-    return Timeline(phases, blocks, nodes, bounds, comm_end, colls, local)
+    return Timeline(phases, blocks, nodes, bounds, comm_end, colls, local, comm_start)
 
 
 def concurrent_collectives(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, int]:

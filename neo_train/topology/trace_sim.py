@@ -20,9 +20,11 @@ A trace with neither recorded compute nor ``--compute`` is an error naming its f
 
 Network. ``--calibration FILE`` (``topology.calibrate``): the fabric, per-collective latency and
 byte factors fitted on the recording machine (for asynchronous collectives, the fit of those
-launched while the ranks compute, when the calibration was busy), and how far apart the ranks
-waiting for a collective resume (``calibrated_return_lags``, drawn from a fixed seed); its world
-size and transport must match the trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs
+launched while the ranks compute, when the calibration was busy, mixed with the blocking fit by the
+share of the collective's time its ranks wait idle for it: ``idle_shares``, simulated again until
+they settle, ``simulate_calibrated``), and how far apart the ranks waiting for a collective resume
+(``calibrated_return_lags``, drawn from a fixed seed); its world size and transport must match the
+trace's. Without it the cluster follows the trace (``trace_cluster_shape``): GPUs
 per node = the largest divisor of the trace's world size up to the topology's (a 4-rank trace on an 8-GPU
 topology is one node of 4), nodes = the nodes the ranks fill (Opera: its smallest study layout,
 16 / 128 / 1024, that holds them); an explicit --gpus-per-node must divide the world size and an
@@ -44,12 +46,12 @@ from .calibrate import KINDS, Calibration
 from .networks import cluster_for, make_network
 from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
-from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers, has_recorded_compute,
-                          load_trace, network_collectives, timeline_phases, trace_markers, trace_phases,
-                          trace_load, trace_transports, trace_world_size)
+from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, check_compute_markers,
+                          has_recorded_compute, load_trace, network_collectives, timeline_phases, trace_markers,
+                          trace_phases, trace_load, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
-           "calibrated_collectives", "calibrated_return_lags", "entry_sizes"]
+           "calibrated_collectives", "calibrated_return_lags", "entry_sizes", "idle_shares", "simulate_calibrated"]
 
 
 WARMUP_STEPS = 5
@@ -164,7 +166,9 @@ def calibrated_collectives(cal: Calibration):
     holds no link) before its bytes on the fabric. An asynchronous collective (the trace's
     ``async``) takes the calibration's fit for collectives launched while the ranks compute, where
     it has one (``Calibration.async_kinds``: a busy calibration's), and what company in flight
-    with it adds (``_concurrent`` in its entries, ``trace_input.concurrent_collectives``)."""
+    with it adds (``_concurrent`` in its entries, ``trace_input.concurrent_collectives``); for the
+    share of its time its ranks wait idle for it (``_idle`` in its entries, ``idle_shares``), the
+    blocking fit, less the launch's recorded time, the mean over the ranks' (``Calibration.latency``)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -175,8 +179,12 @@ def calibrated_collectives(cal: Calibration):
                              f"collective {name}")
         e0 = by_rank[min(by_rank)]
         asy = bool(e0.get("async"))
-        lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent"))), after)
-        comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy)
+        idle = float(e0.get("_idle", 0.0))
+        launch = statistics.fmean(float(e.get("call_ns") or 0) for e in by_rank.values()) / 1e9 if asy else 0.0
+        lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")),
+                                                     idle=idle, launch_s=launch), after)
+        comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy,
+                        idle=idle)
         return [lat, comm], comm.name
 
     return make
@@ -190,13 +198,15 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
     ``spread * g / (g - 1)``, so the mean return over the ranks is the calibrated cell's while the
     last one, which the next collective waits for, is as late as on the host. A rank that reaches
     its wait after the end plus its lag resumes at once. Draws from ``seed``, in the trace's order
-    of collectives: the same trace and seed give the same timeline."""
+    of collectives: the same trace and seed give the same timeline. The spread of an asynchronous
+    collective mixes in the blocking one by the share of its time its ranks wait idle for it
+    (``_idle``, as ``calibrated_collectives``)."""
     rng = np.random.default_rng(seed)
 
     def lags(kind: str, group: list, by_rank: Mapping[int, dict]) -> dict[int, float]:
         g = len(group)
-        asy = bool(by_rank[min(by_rank)].get("async"))
-        m = cal.spread(_calibrated_kind(kind), g, asy)  # 0 for a group of one
+        e0 = by_rank[min(by_rank)]
+        m = cal.spread(_calibrated_kind(kind), g, bool(e0.get("async")), float(e0.get("_idle", 0.0)))  # 0 for one
         if m <= 0:
             return {}
         out = dict(zip(group, rng.exponential(m * g / (g - 1), g).tolist()))
@@ -204,6 +214,67 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
         return out
 
     return lags
+
+
+IDLE_PASSES = 6
+"""At most this many simulations of a calibrated trace (``simulate_calibrated``): the first with no
+rank idle, each next with the idle shares of the one before, until no share moves by more than
+``IDLE_TOLERANCE`` (four passes on most of the validation's traces: each moves the shares about a fifth as
+much as the one before)."""
+IDLE_TOLERANCE = 0.02
+
+
+def idle_shares(tl: Timeline, res: SimResult) -> dict[tuple, float]:
+    """{key: share} for the asynchronous collectives of a simulated timeline: the share of the
+    collective's time (from its last rank's launch, where its first phase starts, to its end) that its
+    ranks spent waiting for it, each in its own wait, summed over the ranks and divided by the
+    group's size times that time (one joined by a backward: the ranks' waits at the backward's end).
+    A rank waiting for another collective, or computing, is busy: its core serves that work (a wait
+    on a collective in flight keeps its transport's threads running). Blocking calls have none:
+    the blocking fit is theirs."""
+    end = {p.name: p.end for p in res.phases}
+    start = {p.name: p.start for p in res.phases}
+    waits: dict[tuple, list[tuple[float, float]]] = {}
+    for rank, blocks in tl.blocks.items():
+        for b in blocks:
+            if b.kind != "wait":
+                continue
+            a, z = tl.nodes[(rank, b.order)]
+            for k in b.colls:
+                waits.setdefault(k, []).append((end[a], end[z]))
+    out: dict[tuple, float] = {}
+    for key, by_rank in tl.colls.items():
+        if key in tl.local or key not in waits or not by_rank[min(by_rank)].get("async"):
+            continue
+        comm = tl.comm_end[key]
+        t0, t1 = start[tl.comm_start[key]], end[comm]
+        if t1 <= t0:
+            continue
+        spent = sum(max(0.0, min(z, t1) - max(a, t0)) for a, z in waits[key])
+        share = min(1.0, spent / (len(by_rank) * (t1 - t0)))
+        if share > 0:
+            out[key] = share
+    return out
+
+
+def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: int = 0, passes: int = IDLE_PASSES,
+                        **simulate_kw: Any) -> tuple[Timeline, SimResult, int]:
+    """The trace's per-rank chains on the calibrated fabric, with return lags (``seed``), simulated
+    until the idle shares settle (``idle_shares``, ``IDLE_PASSES``): (timeline, result, passes run).
+    An asynchronous collective costs what the calibration's asynchronous fit says while its ranks
+    compute, and what the blocking fit says while they wait idle for it; which it is depends on
+    the simulated schedule, so the shares of one pass set the costs of the next."""
+    idle: dict[tuple, float] = {}
+    for n in range(1, max(1, passes) + 1):
+        tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal, seed), idle)
+        res = simulate(tl.phases, cal.network(), **simulate_kw)
+        if n == passes:
+            break
+        new = idle_shares(tl, res)
+        if all(abs(new.get(k, 0.0) - idle.get(k, 0.0)) <= IDLE_TOLERANCE for k in set(new) | set(idle)):
+            break
+        idle = new
+    return tl, res, n
 
 
 @dataclass
@@ -428,7 +499,6 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         print(f"trace: {world} ranks; network: the calibrated model of the recording machine ({calibration}; "
               f"--network / --topology / --nodes do not apply)")
         print(cal.table())
-        factory = calibrated_collectives(cal)
         ar = "calibrated"
     else:
         cluster = cluster_for(args.topology, nodes, G, **overrides)
@@ -452,8 +522,13 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
                   f"asynchronous collective is in flight, computing {share:.0%} of the time (a calibration for this "
                   f"trace: neo-train calibrate --nproc {world} --busy-ms {gap * 1e3:.2f} --overlap-ms {kinds} --out "
                   f"FILE; its ranks' own share is in the file's meta)")
-        tl = timeline_phases(traces, factory, calibrated_return_lags(cal) if cal is not None else None)
-        res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
+        if cal is not None:
+            tl, res, passes = simulate_calibrated(traces, cal, aggregate=not args.exact, fast_forward=not args.exact,
+                                                  progress=True)
+            print(f"simulated {passes} time(s): the asynchronous collectives' idle shares settled (idle_shares)")
+        else:
+            tl = timeline_phases(traces, factory)
+            res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
         val = validate_timeline(tl, res, warmup)
         if val.steady():
             print(val.table())
