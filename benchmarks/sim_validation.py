@@ -239,7 +239,8 @@ def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
     sim_s = time.perf_counter() - t1
     val = validate_timeline(tl, res, warmup)
     s = val.summary()
-    return _verdicts(val.steps, s["collectives"]) | {"sim_wall_s": sim_s, "phases": len(tl.phases), "sim_passes": passes}
+    return _verdicts(val.steps, s["collectives"]) | {"sim_wall_s": sim_s, "phases": len(tl.phases),
+                                                     "sim_passes": passes}
 
 
 def _ratio(pred: float, meas: float) -> float:

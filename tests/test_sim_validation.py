@@ -231,7 +231,8 @@ def test_a_recorded_run_simulates_with_a_calibration(run_trace, tmp_path, capsys
     assert simulate_command(args) == 0
     out = capsys.readouterr().out
     assert "each rank's recorded compute" in out and "predicted vs measured, 3 steady steps" in out
-    assert re.search(r"simulated [1-6] time\(s\): the asynchronous collectives' idle shares settled", out), out
+    assert re.search(r"simulated [1-6] time\(s\), each with the asynchronous collectives' idle shares of the one "
+                     r"before", out), out
     assert re.search(r"computing \d+% of the time \(a calibration for this trace: neo-train calibrate --nproc 2 --busy-ms "
                      r"\d+\.\d\d --overlap-ms (\w+=\d+\.\d\d,?)+ --out FILE", out), out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

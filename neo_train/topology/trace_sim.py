@@ -219,8 +219,8 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
 IDLE_PASSES = 6
 """At most this many simulations of a calibrated trace (``simulate_calibrated``): the first with no
 rank idle, each next with the idle shares of the one before, until no share moves by more than
-``IDLE_TOLERANCE`` (four passes on most of the validation's traces: each moves the shares about a fifth as
-much as the one before)."""
+``IDLE_TOLERANCE``: 2 - 6 on the validation's traces, mostly 3 - 5 (each pass moves the shares
+about a fifth to a third as much as the one before)."""
 IDLE_TOLERANCE = 0.02
 
 
@@ -525,7 +525,8 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
         if cal is not None:
             tl, res, passes = simulate_calibrated(traces, cal, aggregate=not args.exact, fast_forward=not args.exact,
                                                   progress=True)
-            print(f"simulated {passes} time(s): the asynchronous collectives' idle shares settled (idle_shares)")
+            print(f"simulated {passes} time(s), each with the asynchronous collectives' idle shares of the one "
+                  f"before (simulate_calibrated)")
         else:
             tl = timeline_phases(traces, factory)
             res = simulate(tl.phases, net, aggregate=not args.exact, fast_forward=not args.exact, progress=True)
