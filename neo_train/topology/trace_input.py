@@ -607,10 +607,10 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         e0 = by_rank[min(by_rank)]
         kind = _comm_name(e0)
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
-        if key in concurrent:  # the factory sees how many others were in flight with it on a rank
-            by_rank = {r: dict(e, _concurrent=concurrent[key]) for r, e in by_rank.items()}
-        if idle.get(key):
-            by_rank = {r: dict(e, _idle=idle[key]) for r, e in by_rank.items()}
+        # the factory sees how many others were in flight with it on a rank, and its idle share
+        seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_idle", idle.get(key))) if v}
+        if seen:
+            by_rank = {r: dict(e, **seen) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
         if made is None:
             local.add(key)

@@ -264,10 +264,11 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     An asynchronous collective costs what the calibration's asynchronous fit says while its ranks
     compute, and what the blocking fit says while they wait idle for it; which it is depends on
     the simulated schedule, so the shares of one pass set the costs of the next."""
+    factory, net = calibrated_collectives(cal), cal.network()
     idle: dict[tuple, float] = {}
     for n in range(1, max(1, passes) + 1):
-        tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal, seed), idle)
-        res = simulate(tl.phases, cal.network(), **simulate_kw)
+        tl = timeline_phases(traces, factory, calibrated_return_lags(cal, seed), idle)  # the same draws each pass
+        res = simulate(tl.phases, net, **simulate_kw)
         if n == passes:
             break
         new = idle_shares(tl, res)
@@ -495,7 +496,6 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
             intra_node_bandwidth=share, inter_node_bandwidth=cal.bandwidth,
             intra_node_latency=cal.latency("all_to_allv", cal.world_size) if "all_to_allv" in cal.kinds else 0.0,
             inter_node_latency=cal.latency("all_to_allv", cal.world_size) if "all_to_allv" in cal.kinds else 0.0)
-        net = cal.network()
         print(f"trace: {world} ranks; network: the calibrated model of the recording machine ({calibration}; "
               f"--network / --topology / --nodes do not apply)")
         print(cal.table())
