@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from neo_train.topology.calibrate import (
-    FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _return_spread, _unit_time,
-    fabric_comm, fit_calibration, nnls,
+    AFTER_FACTOR, FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _return_spread,
+    _unit_time, fabric_comm, fit_calibration, nnls,
 )
 from neo_train.topology.simulator import simulate
 from neo_train.topology.trace_input import load_trace, rank_timelines, timeline_phases
@@ -391,15 +391,20 @@ def test_measure_collectives_on_gloo_ranks(busy_s):
 
     a, b, c = run_ranks(_measure_body, 3, busy_s)
     assert a == b == c  # every rank returns the same samples
-    sync = [s for s in a if not s.get("async")]
+    sync = [s for s in a if not s.get("async") and not s.get("pass")]
     cells = {(s["kind"], s["group"], s["bytes"] // 4 // s["group"] * s["group"] > 0) for s in sync}
     assert len(sync) == 4 * 2 * 2 and len(cells) == 4 * 2
-    # a busy calibration also launches every cell asynchronously, the ranks computing meanwhile, and
-    # in a second pass (cells up to CONCURRENT_MAX_BYTES: both here) alone and with a twin in flight
+    # a busy calibration also launches every cell asynchronously, the ranks computing meanwhile, in
+    # a second pass (cells up to CONCURRENT_MAX_BYTES: both here) alone and with a twin in flight,
+    # and in a third calls the smallest and largest of those blocking, with busy_s and AFTER_FACTOR
+    # x busy_s of compute after the call
     first = [s for s in a if s.get("async") and not s.get("pass")]
     second = [s for s in a if s.get("pass") == "concurrent"]
-    assert len(first) == (4 * 2 * 2 if busy_s else 0) and len(a) == len(sync) + len(first) + len(second)
+    third = [s for s in a if s.get("pass") == "after"]
+    assert len(first) == (4 * 2 * 2 if busy_s else 0) and len(a) == len(sync) + len(first) + len(second) + len(third)
     assert sorted(s["concurrent"] for s in second) == ([False] * 16 + [True] * 16 if busy_s else [])
+    assert sorted(s["after_s"] for s in third) == ([busy_s] * 16 + [AFTER_FACTOR * busy_s] * 16 if busy_s else [])
+    assert not any(s.get("async") for s in third)
     assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s and s["overlap_s"] == busy_s / 2 for s in a)
     assert all(s["p25"] <= s["p50"] <= s["p75"] for s in sync)
 
@@ -458,7 +463,9 @@ def test_a_busy_calibration_measures_small_cells_again_with_a_twin_in_flight():
     the backward's with DDP's bucket), which on a host whose cores the ranks hold costs each more.
     So a busy calibration's second pass launches each cell up to CONCURRENT_MAX_BYTES asynchronously
     alone and then with its twin on another group right behind it, each after a burst and a
-    barrier, both waited for; the larger cells only in the first pass. Two ranks."""
+    barrier, both waited for; the larger cells only in the first pass. A third pass calls the
+    smallest and largest of those blocking, with busy_s and then AFTER_FACTOR x as much compute
+    after the call (how the return lag grows with it). Two ranks."""
     from neo_train.testing import run_ranks
     from neo_train.topology.calibrate import CONCURRENT_MAX_BYTES
 
@@ -466,9 +473,16 @@ def test_a_busy_calibration_measures_small_cells_again_with_a_twin_in_flight():
     for log, samples in run_ranks(_logged_measure_body, 2, None, True, (16, big)):
         calls = [(i, e) for i, e in enumerate(log) if e[0] == "all_to_allv"]
         first_pass = 3 * 2 * 2  # (warm-up + iterations) x 2 sizes x (blocking, launched)
-        second = calls[first_pass:]
+        second, third = calls[first_pass:first_pass + 3 * 3], calls[first_pass + 3 * 3:]
         # per iteration: alone (barrier, launch, busy), then with its twin (barrier, launch, twin launch, busy)
         assert len(second) == 3 * 3 and all(e[2] for _, e in second)
+        # the third pass, per iteration: the small cell called blocking (barrier, busy, call, busy
+        # after it), then with AFTER_FACTOR x the compute after it
+        assert len(third) == 3 * 2 and not any(e[2] for _, e in third)
+        for n, (i, _) in enumerate(third):
+            assert log[i - 1][0] == "busy" and log[i - 2] == ("barrier",) and log[i + 1][0] == "busy"
+            lo, hi = (0.5e-4, 1.5e-4) if n % 2 == 0 else (0.5e-4 * AFTER_FACTOR, 1.5e-4 * AFTER_FACTOR)
+            assert lo <= log[i + 1][1] <= hi
         for j in range(3):
             (i_alone, alone), (i_a, a), (i_b, b) = second[3 * j: 3 * j + 3]
             assert log[i_alone - 1] == ("barrier",) and log[i_alone - 2][0] == "busy"
@@ -476,6 +490,8 @@ def test_a_busy_calibration_measures_small_cells_again_with_a_twin_in_flight():
             assert log[i_b + 1][0] == "busy" and a[4] == alone[4] != b[4] and a[3] == b[3] == (0, 1)
         passes = {(s["bytes"], s.get("pass"), s.get("concurrent")) for s in samples if s.get("async")}
         assert passes == {(16, None, None), (big, None, None), (16, "concurrent", False), (16, "concurrent", True)}
+        assert {(s["bytes"], s["after_s"]) for s in samples if s.get("pass") == "after"} == {
+            (16, 1e-4), (16, AFTER_FACTOR * 1e-4)}
 
 
 def test_a_busy_calibration_launches_each_async_cell_together_and_overlaps_it_alike():
@@ -591,6 +607,86 @@ def test_the_fit_takes_the_first_return_and_keeps_the_spread_beside_it():
     data["kinds"]["all_to_allv"]["spread_s"] = {"1": 1e-3}
     with pytest.raises(CalibrationError, match=r"kinds\.all_to_allv\.spread_s"):
         Calibration.from_dict(data, "c.json")
+
+
+def test_the_third_pass_fits_how_the_return_lag_grows_with_the_compute_after_the_call():
+    """A busy calibration's third pass (cells called blocking with busy_s, then AFTER_FACTOR x busy_s
+    of compute after the call): per kind and group size, the growth of the mean spread per second
+    of the difference (never below 0), kept on the blocking fit, which the pass does not move.
+    ``Calibration.lag_after`` charges it for the compute beyond the calibration's burst. The file
+    keeps it; a malformed one is named; files without it add nothing."""
+    busy = 1e-3
+
+    def t(g, b):
+        return 1e-3 * g + _unit_time("all_to_allv", g, b, "shared") / 1e9
+
+    sync = [{"kind": k, "group": g, "bytes": b, "seconds": t(g, b) + 5e-4, "first_s": t(g, b), "spread_s": 5e-4,
+             "busy_s": busy}
+            for k in ("all_to_allv", "all_reduce") for g in (2, 3) for b in (1 << 10, 1 << 20, 8 << 20)]
+    # all-to-all: g = 2 spread 0.5 -> 0.9 ms when the compute after grows 1 -> 3 ms (0.2 per second), g = 3
+    # flat; all-reduce: g = 2 shrinks (0), g = 3 0.3 -> 0.5 and 0.7 -> 0.9 over two sizes (0.1)
+    spreads = {("all_to_allv", 2): ((5e-4, 5e-4), (9e-4, 9e-4)), ("all_to_allv", 3): ((6e-4, 6e-4), (6e-4, 6e-4)),
+               ("all_reduce", 2): ((9e-4, 9e-4), (5e-4, 5e-4)), ("all_reduce", 3): ((3e-4, 7e-4), (5e-4, 9e-4))}
+    third = [{"kind": k, "group": g, "bytes": b, "seconds": t(g, b) + sp[j][i], "first_s": t(g, b),
+              "spread_s": sp[j][i], "busy_s": busy, "pass": "after", "after_s": a} for (k, g), sp in spreads.items()
+             for i, b in enumerate((16, 1 << 17)) for j, a in enumerate((busy, AFTER_FACTOR * busy))]
+    cal = fit_calibration(sync + third, world_size=3, transport="gloo", device="cpu")
+    alone = fit_calibration(sync, world_size=3, transport="gloo", device="cpu")
+    assert cal.kinds["all_to_allv"].after_lag == pytest.approx({2: 0.2, 3: 0.0}, abs=1e-9)
+    assert cal.kinds["all_reduce"].after_lag == pytest.approx({2: 0.0, 3: 0.1}, abs=1e-9)
+    for k in ("all_to_allv", "all_reduce"):
+        assert dataclasses.replace(cal.kinds[k], after_lag={}) == alone.kinds[k]
+    assert cal.busy_s == busy and alone.busy_s == busy and _cal().busy_s == 0.0
+    assert cal.lag_after("all_to_allv", 2, 5e-3) == pytest.approx(0.2 * 4e-3)
+    assert cal.lag_after("all_to_allv", 2, 5e-4) == 0.0  # no more than the calibration's burst
+    assert cal.lag_after("all_reduce", 3, 2e-3) == pytest.approx(1e-4)
+    assert cal.lag_after("all_gather", 2, 5e-3) == 0.0 == alone.lag_after("all_to_allv", 2, 5e-3)
+    assert "lag +200, 0 us per ms computed after it" in cal.table()
+    data = json.loads(json.dumps(cal.to_dict()))
+    assert Calibration.from_dict(data).kinds == cal.kinds
+    data["kinds"]["all_reduce"]["after_lag"] = {"3": -0.1}
+    with pytest.raises(CalibrationError, match=r"kinds\.all_reduce\.after_lag\.3"):
+        Calibration.from_dict(data, "c.json")
+
+
+def test_the_lagging_ranks_lag_longer_where_the_others_compute_longer_after_it(tmp_path):
+    """``trace_input.compute_after``: per collective waited for, the compute after the call or wait
+    until the rank's next blocking interval, the mean over its ranks; the timeline hands it to the
+    return lags (``_after``), which add ``Calibration.lag_after`` x g / (g - 1) to each rank that
+    lags (the same draws otherwise), nothing to the one that resumes at the end."""
+    from neo_train.topology.trace_input import compute_after
+
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    blocks, colls = rank_timelines(traces)
+    a2a, ar = ((0, (0, 1)), (1, (0, 1)))
+    # the blocking a2a: then 1 / 3 ms before the async one; that one's wait: 1 / 2 ms before the
+    # all-reduce; the all-reduce's backward: 1 ms before the last call; the last call: nothing after it
+    assert compute_after(blocks) == pytest.approx({(a2a, 0): 2e-3, (a2a, 1): 1.5e-3, (ar, 0): 1e-3})
+    cal = _cal()
+    cal.kinds = {k: dataclasses.replace(f, spread_s={2: 1e-3}, after_lag={2: 0.5}) for k, f in cal.kinds.items()}
+    cal.samples = [{"busy_s": 1e-3}]
+    entries = {r: dict(e) for r, e in colls[(a2a, 0)].items()}
+    def lags(after=None):  # the same seed: the same draws
+        given = entries if after is None else {r: dict(e, _after=after) for r, e in entries.items()}
+        return calibrated_return_lags(cal, seed=5)("all_to_allv", [0, 1], given)
+
+    plain, longer = lags(), lags(3e-3)
+    assert sorted(plain.values())[0] == 0.0 and set(plain) == set(longer) == {0, 1}
+    for r in (0, 1):
+        assert longer[r] == (0.0 if plain[r] == 0 else pytest.approx(plain[r] + 0.5 * 2e-3 * 2))
+    assert lags(5e-4) == plain
+    # in the timeline: the lag phases of the blocking a2a grow by 0.5 x (2 - 1) ms x 2
+    base = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(_cal_spread(), seed=5))
+    tl = timeline_phases(traces, calibrated_collectives(cal), calibrated_return_lags(cal, seed=5))
+    lag = lambda t: {p.name: p.seconds for p in t.phases if p.name.startswith("lag:") and ":0:0" in p.name}
+    assert lag(base) and {n: v - lag(base)[n] for n, v in lag(tl).items()} == pytest.approx(
+        {n: 1e-3 for n in lag(base)})
+
+
+def _cal_spread() -> Calibration:
+    cal = _cal()
+    cal.kinds = {k: dataclasses.replace(f, spread_s={2: 1e-3}) for k, f in cal.kinds.items()}
+    return cal
 
 
 def test_the_second_pass_adds_what_company_costs_to_the_first_pass_fit():

@@ -42,7 +42,15 @@ after that first one (``spread_s``); an asynchronous cell, the same over the wai
 alpha (D) is fitted to the first return and ``KindFit.spread_s`` keeps the mean lag per group
 size; the simulator draws each rank's lag around it (``trace_sim.calibrated_return_lags``).
 ``seconds`` stays the mean return (the ranks resuming together), which a file without the spread
-is fitted to.
+is fitted to. The lag grows with how long the ranks that returned first compute after the call
+(they hold the cores the others need): W = 4's node-local all-gather in TWRW's backward, followed
+by 6 - 7 ms of the embedding backward, returned ~1.5 ms later than the calibration's cell, which is
+followed by a burst of ``busy_s`` (notes/sim_validation.md, "2026-11-24, compute after a call").
+So a busy calibration's third pass measures the spread with ``busy_s`` and ``AFTER_FACTOR`` x
+``busy_s`` of compute after the call (``KindFit.after_lag``: its growth per second), and the
+simulator lengthens the lags of a collective whose ranks compute longer than ``busy_s`` after it
+by that much (``Calibration.lag_after``; shorter compute keeps the calibrated spread: shrinking it
+lost rows).
 A busy calibration also fits the collectives launched asynchronously while the ranks compute
 (``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
 simulator uses them for the trace's asynchronous collectives. Training often has two in flight at
@@ -88,7 +96,10 @@ its start and that end) gives the measured mean return. Then a second pass (busy
 group launched right behind it, each after a burst and a barrier; the two are fitted together with
 a latency column for the company, which is kept beside the first pass's asynchronous fit (the
 second pass's load differs from the first's: interleaved with it, its extra waits made every
-first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). A busy calibration reports the
+first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). A third pass (busy, the
+smallest and the largest of those cells) calls each blocking after a barrier and a burst, with
+``busy_s`` x U(0.5, 1.5) of compute after the call, then ``AFTER_FACTOR`` x as long: the spreads'
+difference per second of compute is ``KindFit.after_lag``. A busy calibration reports the
 share of the time its ranks computed (``compute_share`` in its samples), to set beside the runs'
 (``trace_input.trace_compute_share``, which ``neo-train simulate --trace`` prints): its barriers
 and waits leave its ranks computing less of the time than training's (29 - 55 % against 49 - 68 %
@@ -125,6 +136,10 @@ FORMAT = "neo_train.calibration/1"
 CONCURRENT_MAX_BYTES = 128 << 10
 """The busy calibration's second pass (an asynchronous cell alone, then with a twin in flight)
 measures the sizes up to this: what the company adds is a latency."""
+AFTER_FACTOR = 3.0
+"""The busy calibration's third pass calls the smallest and the largest second-pass cells blocking
+with the ranks computing ``busy_s`` after the call, and again ``AFTER_FACTOR`` x ``busy_s``: how the
+ranks' return lag grows with the compute after it (``KindFit.after_lag``)."""
 KINDS = ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")
 FABRICS = ("shared", "per_rank")
 DEFAULT_SIZES = (16, 256, 4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20)
@@ -156,6 +171,11 @@ class KindFit:
     """Asynchronous collectives, per group size: the latency added when another collective is in
     flight on its ranks (a busy calibration's second pass: cells launched with a twin on another group;
     fitted beside alpha). Empty: none measured (files written before it was)."""
+    after_lag: dict[int, float] = field(default_factory=dict)
+    """Blocking calls, per group size: how much the mean return lag (``spread_s``) grows per second
+    the ranks compute after the call beyond the calibration's burst (``busy_s``; a busy calibration's
+    third pass, ``AFTER_FACTOR``): the ranks that returned first hold the cores the others need to
+    return. Empty: none measured (files written before it was)."""
 
 
 # ---- collectives on the calibrated fabric ----------------------------------------------------------
@@ -328,7 +348,7 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
             raise ValueError(f"fit_calibration: sample {i} has kind {s.get('kind')!r} (known: {KINDS})")
         if not (int(s.get("group", 0)) >= 2 and float(s.get("seconds", 0)) > 0 and float(s.get("bytes", -1)) >= 0):
             raise ValueError(f"fit_calibration: sample {i} needs group >= 2, bytes >= 0 and seconds > 0, got {dict(s)}")
-    sync = [s for s in samples if not s.get("async")]
+    sync = [s for s in samples if not s.get("async") and not s.get("pass")]
     if not sync:
         raise ValueError("fit_calibration: no samples of blocking calls (only asynchronous ones)")
     best: tuple[float, str, dict[str, KindFit], float] | None = None
@@ -357,7 +377,7 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
     if beta_ref <= 0 or share < 1e-3:
         raise ValueError("fit_calibration: no collective's time grows with its size in these samples (give larger "
                          "message sizes): there is no bandwidth to fit")
-    kinds = {k: _relative(f, beta_ref) for k, f in fits.items()}
+    kinds = {k: dataclasses.replace(_relative(f, beta_ref), after_lag=_after_lag(samples, k)) for k, f in fits.items()}
     async_kinds = {}
     for kind in KINDS:
         rows = [s for s in samples if s.get("async") and s["kind"] == kind and not s.get("pass")]
@@ -376,8 +396,25 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
 
 def _relative(f: KindFit, beta_ref: float) -> KindFit:
     """``f`` with its byte factor: its beta relative to the all-to-all's (the fabric's 1 / C)."""
-    return KindFit(f.latency_s, f.seconds_per_byte, f.seconds_per_byte / beta_ref, f.rms_rel_err, f.max_rel_err,
-                   f.samples, f.spread_s, f.concurrent_s)
+    return dataclasses.replace(f, byte_factor=f.seconds_per_byte / beta_ref)
+
+
+def _after_lag(samples: Sequence[Mapping[str, Any]], kind: str) -> dict[int, float]:
+    """``KindFit.after_lag`` of ``kind`` from the third pass's samples: per group size, the growth of
+    the mean spread (over its cells) between the two compute lengths after the call, per second of
+    the difference; at least 0."""
+    rows = [s for s in samples if s.get("pass") == "after" and s["kind"] == kind and "spread_s" in s]
+    out = {}
+    for g in sorted({int(r["group"]) for r in rows}):
+        by_after: dict[float, list[float]] = {}
+        for r in rows:
+            if int(r["group"]) == g:
+                by_after.setdefault(float(r["after_s"]), []).append(float(r["spread_s"]))
+        if len(by_after) == 2:
+            (a0, s0), (a1, s1) = sorted((a, float(np.mean(v))) for a, v in by_after.items())
+            if a1 > a0:
+                out[g] = max(0.0, (s1 - s0) / (a1 - a0))
+    return out
 
 
 # ---- the calibration --------------------------------------------------------------------------------
@@ -463,6 +500,21 @@ class Calibration:
         if len(mix) == 2:  # the blocking fit mixed in
             total = max(0.0, total - mix[1][0] * launch_s)
         return total
+
+    @property
+    def busy_s(self) -> float:
+        """The compute burst of a busy calibration (its samples' ``busy_s``; 0: idle, or none kept)."""
+        return max((float(s.get("busy_s") or 0.0) for s in self.samples), default=0.0)
+
+    def lag_after(self, kind: str, group_size: int, after_s: float) -> float:
+        """Seconds added to the mean return lag of a collective whose ranks compute ``after_s``
+        after it (the mean over its ranks): ``KindFit.after_lag`` of the blocking fit times what
+        exceeds the calibration's own burst (``busy_s``); 0 without the measurement."""
+        k = "all_reduce" if kind == "barrier" else kind
+        fit = self.kinds.get(k)
+        if fit is None or group_size < 2:
+            return 0.0
+        return fit.after_lag.get(group_size, 0.0) * max(0.0, after_s - self.busy_s)
 
     def spread(self, kind: str, group_size: int, async_op: bool = False, idle: float = 0.0) -> float:
         """``KindFit.spread_s``: the mean lag of the ranks waiting for a collective behind the first
@@ -577,15 +629,19 @@ class Calibration:
                     raise CalibrationError(f"{where}: field '{key}.{k}.spread_s' must be an object "
                                            f"{{group size >= 2: seconds}}, got {lag!r}")
                 company = f.get("concurrent_s") or {}  # absent in files written before it was measured
-                if not isinstance(company, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in company):
-                    raise CalibrationError(f"{where}: field '{key}.{k}.concurrent_s' must be an object "
-                                           f"{{group size >= 2: seconds}}, got {company!r}")
+                after = f.get("after_lag") or {}  # likewise
+                for name, v in (("concurrent_s", company), ("after_lag", after)):
+                    if not isinstance(v, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in v):
+                        raise CalibrationError(f"{where}: field '{key}.{k}.{name}' must be an object "
+                                               f"{{group size >= 2: {'seconds' if name == 'concurrent_s' else 'ratio'}}}, "
+                                               f"got {v!r}")
                 out[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"{key}.{k}.seconds_per_byte"),
                                  num(f.get("byte_factor"), f"{key}.{k}.byte_factor"),
                                  float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
                                  int(f.get("samples") or 0),
                                  {int(g): num(v, f"{key}.{k}.spread_s.{g}") for g, v in lag.items()},
-                                 {int(g): num(v, f"{key}.{k}.concurrent_s.{g}") for g, v in company.items()})
+                                 {int(g): num(v, f"{key}.{k}.concurrent_s.{g}") for g, v in company.items()},
+                                 {int(g): num(v, f"{key}.{k}.after_lag.{g}") for g, v in after.items()})
             return out
 
         return cls(data["transport"], data["device"], W, data["fabric"], bw, fits(kinds_raw, "kinds"),
@@ -604,6 +660,8 @@ class Calibration:
                        f"the first" if f.spread_s else "")
                 lag += (f"; with another in flight +{', '.join(f'{v * 1e6:.0f}' for _, v in sorted(f.concurrent_s.items()))} "
                         f"us" if f.concurrent_s else "")
+                lag += (f"; lag +{', '.join(f'{v * 1e3:.0f}' for _, v in sorted(f.after_lag.items()))} us per ms "
+                        f"computed after it" if f.after_lag else "")
                 lines.append(f"  {k + mode:<21} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms "
                              f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples{lag}")
         return "\n".join(lines)
@@ -616,6 +674,7 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
                 "max_rel_err": f.max_rel_err, "samples": f.samples}
             | ({"spread_s": {str(g): v for g, v in sorted(f.spread_s.items())}} if f.spread_s else {})
             | ({"concurrent_s": {str(g): v for g, v in sorted(f.concurrent_s.items())}} if f.concurrent_s else {})
+            | ({"after_lag": {str(g): v for g, v in sorted(f.after_lag.items())}} if f.after_lag else {})
             for k, f in fits.items()}
 
 
@@ -653,7 +712,10 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     ``concurrent`` (default: when busy): a second pass over the cells up to
     ``CONCURRENT_MAX_BYTES``, each launched asynchronously alone and then with its twin on another
     group of the same ranks right behind it (samples with ``pass`` "concurrent" and ``concurrent``
-    false / true; ``fit_calibration`` turns their difference into ``KindFit.concurrent_s``).
+    false / true; ``fit_calibration`` turns their difference into ``KindFit.concurrent_s``); and a
+    third over the smallest and largest of them, called blocking with ``busy_s`` and then
+    ``AFTER_FACTOR`` x ``busy_s`` of compute after the call (samples with ``pass`` "after" and
+    ``after_s``; ``KindFit.after_lag``).
 
     Every sample carries ``compute_share``: the share of the first pass's counted iterations the
     ranks spent computing (0 when idle), to set beside the runs' (``trace_input.trace_compute_share``)."""
@@ -714,8 +776,9 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         computed[0] += time.perf_counter() - t0
     # per cell and iteration, wall-clock ns: a blocking call and its return (rows 0, 1); with busy_s an
     # asynchronous launch's return, the start of its wait and the wait's return (2 - 4), and in the
-    # second pass the same alone (5 - 7) and with its twin (8 - 10)
-    t = np.full((11, len(cells), warmup + iters), np.nan)
+    # second pass the same alone (5 - 7) and with its twin (8 - 10), and in the third pass a blocking
+    # call and its return with busy_s of compute after it (11, 12) and AFTER_FACTOR x busy_s (13, 14)
+    t = np.full((15, len(cells), warmup + iters), np.nan)
 
     def launched(c: int, it: int, j: int, company: bool = False) -> None:
         """A burst, then cell c launched asynchronously (``company``: its twin right behind it),
@@ -738,6 +801,18 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         t[j + 2, c, it] = time.time_ns()
         if other is not None:
             _synchronised(other.wait())
+
+    def called(c: int, it: int, j: int, after: float) -> None:
+        """A barrier and a burst, then cell c called blocking (t[j], t[j + 1] its call and return),
+        then ``after`` x busy_s x U(0.5, 1.5) of compute (ended by the next barrier)."""
+        comm.barrier()
+        compute(busy_s * rng.uniform(0.5, 1.5))
+        op = ops.get(cells[c])
+        if op is not None:
+            t[j, c, it] = time.time_ns()
+            _synchronised(op(False))
+            t[j + 1, c, it] = time.time_ns()
+        compute(after * busy_s * rng.uniform(0.5, 1.5))
 
     shares = np.zeros(2)  # (seconds computed, seconds) over the counted iterations, summed over ranks
     for it in range(warmup + iters):
@@ -770,8 +845,18 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         for c in pair_cells:
             launched(c, it, 5)
             launched(c, it, 8, company=True)
+    # busy: a third pass, the smallest and the largest of those cells called blocking with the ranks
+    # computing busy_s after the call, then AFTER_FACTOR x as long: the ranks that return first hold
+    # the cores the others need to return, longer the longer they compute (training computes 0.1 -
+    # 7 ms after a call; notes/sim_validation.md, "2026-11-24, compute after a call")
+    ends = sorted({cells[c][2] for c in pair_cells})
+    after_cells = [c for c in pair_cells if cells[c][2] in (ends[0], ends[-1])] if ends else []
+    for it in range(warmup + iters if after_cells else 0):
+        for c in after_cells:
+            called(c, it, 11, 1.0)
+            called(c, it, 13, AFTER_FACTOR)
     mine = torch.tensor(t[:, :, warmup:].reshape(-1), dtype=torch.float64, device=device)
-    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 11, len(cells), iters)
+    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 15, len(cells), iters)
     out = []
     for c, (k, g, s) in enumerate(cells):
         # every group's ranks and iterations, as more iterations of one group
@@ -783,6 +868,11 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         first, spread = _return_spread(mine_g[:, 0], mine_g[:, 1])
         out.append(base | {"seconds": float(max(per_iter.mean(), 1e-7)), "p25": float(q[0]), "p50": float(q[1]),
                            "p75": float(q[2]), "first_s": first, "spread_s": spread})
+        if c in after_cells:  # the third pass: the blocking call with compute after it
+            for j, f in ((11, 1.0), (13, AFTER_FACTOR)):
+                first, spread = _return_spread(mine_g[:, j], mine_g[:, j + 1])
+                out.append(base | {"seconds": float(max(_call_seconds(mine_g[:, j], mine_g[:, j + 1]).mean(), 1e-7)),
+                                   "first_s": first, "spread_s": spread, "pass": "after", "after_s": f * busy_s})
         # the first pass's asynchronous cell, and the second pass's: alone, then with its twin in flight
         launches = [(2, {})] if busy_s > 0 else []
         if c in pair_cells:

@@ -593,9 +593,10 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
     rank resumes after its end when it waited for it, in its blocking call or its wait (default:
     all at once). ``idle``: {collective key: the share of its time its ranks wait idle for it}
     (``trace_sim.idle_shares`` of an earlier simulation), which the factory and ``return_lags``
-    see as ``_idle`` in its entries, as they see ``_concurrent``."""
+    see as ``_idle`` in its entries, as they see ``_concurrent`` and ``_after`` (``compute_after``)."""
     blocks, colls = rank_timelines(traces)
     concurrent = concurrent_collectives(blocks)
+    after = compute_after(blocks)
     idle = idle or {}
     lags: dict[tuple, Mapping[int, float]] = {}
     phases: list[Phase] = []
@@ -608,7 +609,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         kind = _comm_name(e0)
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
         # the factory sees how many others were in flight with it on a rank, and its idle share
-        seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_idle", idle.get(key))) if v}
+        seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_idle", idle.get(key)),
+                                  ("_after", after.get(key))) if v}
         if seen:
             by_rank = {r: dict(e, **seen) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
@@ -661,6 +663,20 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         phases[i] = Compute(p.name, p.seconds, tuple(names)) if isinstance(p, Compute) else Comm(
             p.name, p.rounds, tuple(names), p.collective, p.algorithm, p.payload)
     return Timeline(phases, blocks, nodes, bounds, comm_end, colls, local, comm_start)
+
+
+def compute_after(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, float]:
+    """{key: seconds} for the collectives the ranks waited for (a blocking call, or a wait that
+    joined it): the compute after that call or wait until the rank's next blocking interval, the
+    mean over its ranks (a rank's last block: none). The ranks that return first compute on while
+    the others wait for a core to return (``Calibration.lag_after``)."""
+    seen: dict[tuple, list[float]] = {}
+    for mine in blocks.values():
+        for b, nxt in zip(mine, mine[1:]):
+            if b.kind == "wait" or b.sync:
+                for k in b.colls:
+                    seen.setdefault(k, []).append(nxt.compute)
+    return {k: sum(v) / len(v) for k, v in seen.items()}
 
 
 def concurrent_collectives(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, int]:

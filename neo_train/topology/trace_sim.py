@@ -200,18 +200,23 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
     its wait after the end plus its lag resumes at once. Draws from ``seed``, in the trace's order
     of collectives: the same trace and seed give the same timeline. The spread of an asynchronous
     collective mixes in the blocking one by the share of its time its ranks wait idle for it
-    (``_idle``, as ``calibrated_collectives``)."""
+    (``_idle``, as ``calibrated_collectives``). The ranks that return first compute on while the
+    others wait for a core: where they compute longer after it than the calibration's burst
+    (``_after``, ``trace_input.compute_after``), the lagging ranks' lags grow by
+    ``Calibration.lag_after`` (per rank that lags: times g / (g - 1))."""
     rng = np.random.default_rng(seed)
 
     def lags(kind: str, group: list, by_rank: Mapping[int, dict]) -> dict[int, float]:
         g = len(group)
         e0 = by_rank[min(by_rank)]
-        m = cal.spread(_calibrated_kind(kind), g, bool(e0.get("async")), float(e0.get("_idle", 0.0)))  # 0 for one
+        k = _calibrated_kind(kind)
+        m = cal.spread(k, g, bool(e0.get("async")), float(e0.get("_idle", 0.0)))  # 0 for one
         if m <= 0:
             return {}
         out = dict(zip(group, rng.exponential(m * g / (g - 1), g).tolist()))
         out[group[int(rng.integers(g))]] = 0.0
-        return out
+        extra = cal.lag_after(k, g, float(e0.get("_after", 0.0))) * g / (g - 1)  # on the g - 1 that lag
+        return {r: v + extra if v > 0 else v for r, v in out.items()} if extra > 0 else out
 
     return lags
 
