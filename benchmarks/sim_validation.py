@@ -1,7 +1,7 @@
 """The network simulator against measured runs (issue 14, item 1): predicted vs measured step
 time and per-collective time of real gloo training runs on this machine.
 
-    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~17 min on 2 cores)
+    python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~22 min on 2 cores)
     python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
 
