@@ -609,6 +609,16 @@ def test_the_fit_takes_the_first_return_and_keeps_the_spread_beside_it():
         Calibration.from_dict(data, "c.json")
 
 
+def _file_keeps(cal: Calibration, section: str, kind: str, field: str, bad: dict) -> None:
+    """``cal``'s fits of ``section`` survive its file; the file with ``section.kind.field`` set to
+    ``bad`` is refused, naming the field and the group size."""
+    data = json.loads(json.dumps(cal.to_dict()))
+    assert getattr(Calibration.from_dict(data), section) == getattr(cal, section)
+    data[section][kind][field] = bad
+    with pytest.raises(CalibrationError, match=re.escape(f"{section}.{kind}.{field}.{next(iter(bad))}")):
+        Calibration.from_dict(data, "c.json")
+
+
 def test_the_third_pass_fits_how_the_return_lag_grows_with_the_compute_after_the_call():
     """A busy calibration's third pass (cells called blocking with busy_s, then AFTER_FACTOR x busy_s
     of compute after the call): per kind and group size, the growth of the mean spread per second
@@ -642,11 +652,7 @@ def test_the_third_pass_fits_how_the_return_lag_grows_with_the_compute_after_the
     assert cal.lag_after("all_reduce", 3, 2e-3) == pytest.approx(1e-4)
     assert cal.lag_after("all_gather", 2, 5e-3) == 0.0 == alone.lag_after("all_to_allv", 2, 5e-3)
     assert "lag +200, 0 us per ms computed after it" in cal.table()
-    data = json.loads(json.dumps(cal.to_dict()))
-    assert Calibration.from_dict(data).kinds == cal.kinds
-    data["kinds"]["all_reduce"]["after_lag"] = {"3": -0.1}
-    with pytest.raises(CalibrationError, match=r"kinds\.all_reduce\.after_lag\.3"):
-        Calibration.from_dict(data, "c.json")
+    _file_keeps(cal, "kinds", "all_reduce", "after_lag", {"3": -0.1})
 
 
 def test_the_lagging_ranks_lag_longer_where_the_others_compute_longer_after_it(tmp_path):
@@ -715,11 +721,7 @@ def test_the_second_pass_adds_what_company_costs_to_the_first_pass_fit():
         assert cal.latency(k, 3, concurrent=True) == cal.latency(k, 3) == pytest.approx(3e-3)  # blocking: none
         assert alone.latency(k, 3, async_op=True, concurrent=True) == pytest.approx(6e-3)
     assert "with another in flight +300, 600 us" in cal.table()
-    data = json.loads(json.dumps(cal.to_dict()))
-    assert Calibration.from_dict(data).async_kinds == cal.async_kinds
-    data["async_kinds"]["all_reduce"]["concurrent_s"] = {"2": -1.0}
-    with pytest.raises(CalibrationError, match=r"async_kinds\.all_reduce\.concurrent_s\.2"):
-        Calibration.from_dict(data, "c.json")
+    _file_keeps(cal, "async_kinds", "all_reduce", "concurrent_s", {"2": -1.0})
 
 
 def test_collectives_in_flight_together_take_the_company_latency(tmp_path):
