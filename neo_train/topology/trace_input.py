@@ -608,7 +608,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         e0 = by_rank[min(by_rank)]
         kind = _comm_name(e0)
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
-        # the factory sees how many others were in flight with it on a rank, and its idle share
+        # the factory and the lags see how many others were in flight with it on a rank, its idle
+        # share and the compute after it
         seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_idle", idle.get(key)),
                                   ("_after", after.get(key))) if v}
         if seen:
