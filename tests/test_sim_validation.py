@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from neo_train.topology.calibrate import (
-    AFTER_FACTOR, FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _return_spread,
+    AFTER_FACTOR, FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _launch, _return_spread,
     _unit_time, fabric_comm, fit_calibration, nnls,
 )
 from neo_train.topology.simulator import simulate
@@ -111,6 +111,66 @@ def test_per_rank_chains_join_at_collectives(tmp_path):
     ar = rows[("all_reduce", "async")]
     assert ar["predicted_s"] * 1e3 == pytest.approx((5.0 + 4.0) / 2)  # joined by the backward: its completion
     assert ar["predicted_net_s"] * 1e3 == pytest.approx(4.0)  # last launch returned (7.1 ms) to its end (11.1 ms)
+
+
+def test_an_asynchronous_collective_starts_where_it_was_issued(tmp_path):
+    """With ``issue_ns`` recorded, an asynchronous collective starts once every rank handed it to
+    the transport, not when the last launch returned: rank 1's launches take 1 ms (the host kept
+    it from returning), its all-to-all issued 0.1 ms in and its all-reduce at once."""
+    path = _hand_trace(tmp_path / "tr")
+    for r, changes in ((0, {1: (MS // 10, MS // 20), 2: (0, 0)}), (1, {1: (MS, MS // 10), 2: (MS, 0)})):
+        f = path / f"trace_rank{r}.json"
+        es = json.loads(f.read_text())
+        for i, (call, issue) in changes.items():
+            es[i].update(call_ns=call, issue_ns=issue)
+        f.write_text(json.dumps(es))
+    traces = load_trace(path)
+    tl = timeline_phases(traces, calibrated_collectives(_cal()))
+    res = simulate(tl.phases, _cal().network())
+    end = {p.name: p.end * 1e3 for p in res.phases}  # ms
+
+    def at(rank, order):
+        a, b = tl.nodes[(rank, order)]
+        return end[a], end[b]
+
+    # rank 1 launches the all-to-all from 4 to 5 ms and issued it at 4.1: it ends alpha later, 5.1
+    # (from the launch's end it would be 6.0); rank 1 reaches its wait after that and goes on
+    assert at(1, 1) == pytest.approx((4.0, 5.0))
+    assert at(0, 2) == pytest.approx((4.1, 5.1)) and at(1, 2) == pytest.approx((5.5, 5.5))
+    # the all-reduce: rank 1 issues it at 7.5 ms (its launch ends at 8.5), + alpha 2 + 2 ms = 11.5
+    assert at(0, 3) == pytest.approx((6.1, 6.1)) and at(1, 3) == pytest.approx((7.5, 8.5))
+    assert at(0, 4) == pytest.approx((6.6, 11.5)) and at(1, 4) == pytest.approx((9.0, 11.5))
+    val = validate_timeline(tl, res, warmup_steps=0)
+    ar = {(r["comms"], r["mode"]): r for r in val.collectives}[("all_reduce", "async")]
+    assert ar["predicted_net_s"] * 1e3 == pytest.approx(4.0)  # from the last issue (7.5 ms) to its end
+    # the blocking share of an idle-mixed latency is charged less the launch up to the issue
+    kinds = {k: KindFit(dict(f.latency_s), f.seconds_per_byte) for k, f in _cal().kinds.items()}
+    cal = dataclasses.replace(_cal(), async_kinds={"all_reduce": KindFit({2: 0.5e-3}, 1e-9)}, kinds=kinds)
+    by_rank = {r: dict(e, _idle=1.0) for r, e in tl.colls[next(k for k, v in tl.colls.items()
+                                                                 if v[0]["comms"] == "all_reduce")].items()}
+    (lat, _), _ = calibrated_collectives(cal)("all_reduce", [0, 1], by_rank, "ar", ())
+    assert lat.seconds == pytest.approx(2e-3 - 0.0)  # issue_ns 0 on both ranks: nothing taken off
+    by_rank = {r: dict(e, issue_ns=MS // 2 if r else 0) for r, e in by_rank.items()}
+    (lat, _), _ = calibrated_collectives(cal)("all_reduce", [0, 1], by_rank, "ar", ())
+    assert lat.seconds == pytest.approx(2e-3 - 0.25e-3)  # the mean issue, 0.25 ms (not the 0.5 ms launches)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"issue_ns": 2 * MS}, "field 'issue_ns' (2000000) exceeds the launch's call_ns (100000)"),
+    ({"async": False, "issue_ns": 0}, "field 'issue_ns' (0) on a blocking call"),
+])
+def test_a_malformed_issue_is_named(tmp_path, change, message):
+    path = _hand_trace(tmp_path / "tr")
+    f = path / "trace_rank1.json"
+    es = json.loads(f.read_text())
+    es[1].update(change)
+    if change.get("async") is False:
+        for k in ("joined_by", "wait_order", "wait_compute_ns", "wait_ns", "wait_step"):
+            es[1].pop(k)
+    f.write_text(json.dumps(es))
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        rank_timelines(load_trace(path))
+    assert "rank 1 entry 1" in str(err.value)
 
 
 def test_a_cuda_trace_has_no_net_time(tmp_path):
@@ -560,6 +620,33 @@ def test_an_async_collective_lasts_what_makes_the_waits_return_when_they_did():
     d, first, spread = _async_seconds(launch, wait, ret)
     assert (d * 1e3, first * 1e3, spread) == pytest.approx((3.0, 3.0, 0.0))
     assert _async_seconds(launch, wait, wait) == (0.0, 0.0, 0.0)  # every wait returned at once: nothing to wait for
+
+
+def test_a_calibration_launch_is_timed_where_the_backend_issued_it():
+    """``_launch``: the launch's instant is where the backend marked the hand-over to its transport
+    (``Communicator.issued_at``), not where the launch returned (a host that keeps the caller from
+    returning 40 ms after it); a communicator without the mark gives the return."""
+    import time as _time
+
+    from neo_train.comm.interface import Communicator, mark_issue
+
+    def op(async_op):
+        _time.sleep(0.01)  # what a launch does before the transport call
+        mark_issue()
+        _time.sleep(0.04)
+        return "handle"
+
+    class Marked:  # what the calibration reads off a communicator
+        clear_issue, issued_at = staticmethod(Communicator.clear_issue), staticmethod(Communicator.issued_at)
+
+    for comm, lo, hi in ((Marked(), 10, 35), (object(), 50, 1000)):
+        t0 = _time.time_ns()
+        handle, at = _launch(comm, op)
+        assert handle == "handle" and lo <= (at - t0) / MS < hi, (comm, (at - t0) / MS)
+    mark_issue()  # a mark left from before is cleared by the next launch
+    assert Marked.issued_at() is not None
+    handle, at = _launch(Marked(), lambda a: "no mark")
+    assert Marked.issued_at() is None and at <= _time.time_ns()
 
 
 def test_the_ranks_waiting_for_a_collective_return_apart():

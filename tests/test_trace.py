@@ -55,6 +55,9 @@ def test_direct_collectives_are_recorded_in_param_format(tmp_path):
     assert raw[2]["in_split"] == [0, 6, 6] and raw[2]["out_msg_size"] == 6
     assert raw[3]["reduce_op"] == "avg" and raw[3]["markers"] == ["dense_allreduce"]
     assert all(e["duration_ns"] is not None and e["duration_ns"] > 0 for e in raw)  # async ones too
+    # an asynchronous launch records where gloo got the collective (the backend's mark) inside it
+    assert [e["comms"] for e in raw if "issue_ns" in e] == ["all_reduce", "all_reduce"]
+    assert all(e["async"] and 0 <= e["issue_ns"] <= e["call_ns"] for e in raw if "issue_ns" in e)
     assert [e["req"] for e in raw] == list(range(len(raw)))
     assert all(e["world_size"] == W and e["global_ranks"] == [0, 1, 2] for e in raw)
     # rank 0 also ran the subgroup's all-reduce, on its own process group
@@ -97,6 +100,7 @@ def test_a_training_step_is_traced_with_its_phases(train_traces):
         for e in entries:
             if e["comms"] == "all_to_allv":
                 assert sum(e["in_split"]) == e["in_msg_size"] and sum(e["out_split"]) == e["out_msg_size"]
+        assert all(0 <= e["issue_ns"] <= e["call_ns"] for e in entries if e.get("async"))
         dense = [e for e in entries if e["markers"] == ["dense_allreduce"]]
         assert dense and all(e["comms"] == "all_reduce" and e["duration_ns"] for e in dense)
         # DDP's buckets go over a group of their own
@@ -331,8 +335,9 @@ class _StreamComm:
         self.dev, self.stand_ms = dev, stand_ms
 
     def _do(self, x, async_op):
-        from neo_train.comm.interface import Handle
+        from neo_train.comm.interface import Handle, mark_issue
 
+        mark_issue()  # as a backend does: a host instant, which a device trace must not mix in
         if not async_op:
             self.dev.ms += self.stand_ms
             return x
@@ -389,6 +394,7 @@ def test_a_cuda_trace_records_the_devices_times_not_the_hosts(tmp_path):
     e = load_trace(tc.dump(tmp_path))
     ms = 1_000_000
     assert [x["clock"] for x in e] == ["cuda"] * 3
+    assert not any("issue_ns" in x for x in e)
     assert (e[0]["compute_ns"], e[0]["step_start_ns"], e[0]["call_ns"], e[0]["duration_ns"]) == (None, 2 * ms, 2 * ms, 2 * ms)
     assert (e[1]["compute_ns"], e[1]["call_ns"]) == (1 * ms, 0)
     assert (e[1]["wait_compute_ns"], e[1]["wait_ns"], e[1]["duration_ns"]) == (4 * ms, 2 * ms, 6 * ms)

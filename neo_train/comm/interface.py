@@ -22,6 +22,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 import math
+import threading
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -29,11 +31,35 @@ import torch
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["Communicator", "Handle", "CollectiveError", "check_splits", "reduce_scatter_by_all_to_all"]
+__all__ = ["Communicator", "Handle", "CollectiveError", "check_splits", "reduce_scatter_by_all_to_all", "mark_issue",
+           "clear_issue", "issued_at"]
 
 
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message names it, the rank and the group."""
+
+
+# When this thread first handed a collective to its transport since ``clear_issue`` (host
+# perf_counter_ns; None: not yet). A backend marks it right before the transport call, from which
+# on the data is the transport's: gloo's worker thread may send it while the launch is still
+# returning (on a crowded host the woken worker can hold the caller's core for milliseconds). A
+# tracer clears it before a call and reads it after, to time the part of a launch before that.
+_issue = threading.local()
+
+
+def clear_issue() -> None:
+    _issue.ns = None
+
+
+def mark_issue() -> None:
+    """A backend's transport call follows now (the first mark since ``clear_issue`` counts)."""
+    if getattr(_issue, "ns", None) is None:
+        _issue.ns = time.perf_counter_ns()
+
+
+def issued_at() -> int | None:
+    """perf_counter_ns of the first ``mark_issue`` since ``clear_issue`` on this thread, or None."""
+    return getattr(_issue, "ns", None)
 
 
 @dataclass
@@ -78,6 +104,10 @@ class Communicator(ABC):
 
     rank: int
     world_size: int
+    # when this thread first handed a collective to a transport since clear_issue (mark_issue);
+    # here for code that holds a communicator but may not import this package (the calibration)
+    clear_issue = staticmethod(clear_issue)
+    issued_at = staticmethod(issued_at)
 
     @abstractmethod
     def all_to_all_v(

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .interface import CollectiveError, Communicator, Handle, check_splits
+from .interface import CollectiveError, Communicator, Handle, check_splits, mark_issue
 
 __all__ = ["NativeCommunicator", "init_distributed"]
 
@@ -77,6 +77,7 @@ class NativeCommunicator(Communicator):
 
     def _run(self, op: str, tag: str, start, finish, async_op: bool):
         """Start a torch.distributed op; wrap its errors; return the result or a Handle."""
+        mark_issue()  # the data is the transport's from here on (interface.mark_issue)
         try:
             work = start()
         except Exception as e:  # noqa: BLE001 - any backend error becomes a named CollectiveError

@@ -36,6 +36,9 @@ numbered in the order they begin; each is recorded with the compute that precede
     order        the call's position among the process's blocking intervals
     compute_ns   compute since the previous blocking interval ended (null for the first)
     call_ns      time inside the call: the whole collective, or for async only its launch
+    issue_ns     async on the host: how far into the launch the collective was handed to the
+                 transport (``interface.mark_issue``); from then on it can progress while the
+                 launch is still returning (absent when the backend does not mark it)
     step         the training step in progress at the call (``trace_step``; null outside steps)
     step_start_ns  present when a step began since the previous blocking interval: how long
                  before this call it began
@@ -71,7 +74,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .interface import Communicator, Handle
+from .interface import Communicator, Handle, clear_issue, issued_at
 
 __all__ = [
     "TracingCommunicator",
@@ -124,8 +127,8 @@ _DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()} | {
 
 
 # integer fields of the rank's timeline of blocking intervals (module docstring)
-TIMELINE_FIELDS = ("order", "compute_ns", "call_ns", "step", "step_start_ns", "wait_order", "wait_compute_ns",
-                   "wait_ns", "wait_step", "wait_step_start_ns")
+TIMELINE_FIELDS = ("order", "compute_ns", "call_ns", "issue_ns", "step", "step_start_ns", "wait_order",
+                   "wait_compute_ns", "wait_ns", "wait_step", "wait_step_start_ns")
 
 
 class TraceError(ValueError):
@@ -414,6 +417,7 @@ class TracingCommunicator(Communicator):
         entry.update(order=blk["order"], compute_ns=blk["compute_ns"], step=blk["step"], **{"async": async_op})
         if "step_start_ns" in blk:
             entry["step_start_ns"] = blk["step_start_ns"]
+        clear_issue()
         try:
             out = call()
         except Exception as e:
@@ -422,6 +426,9 @@ class TracingCommunicator(Communicator):
         finally:
             entry["call_ns"] = rec.end_block(blk)
         t0 = blk["t0"]
+        issued = issued_at()
+        if async_op and rec.clock is None and issued is not None and issued >= t0:
+            entry["issue_ns"] = min(issued - t0, entry["call_ns"])
         if not async_op:
             entry["duration_ns"] = entry["call_ns"]
             return out

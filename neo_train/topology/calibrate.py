@@ -90,8 +90,9 @@ drawn apart, the first rank to wait frees its core for the transport while the o
 and on a host with more ranks than cores the collective looks shorter than it is in training
 (notes/sim_validation.md, 2026-11-24, morning). Its cost is fitted separately
 (``Calibration.async_kinds``): the duration D for which the simulator's rule for an asynchronous
-collective (it ends D after the last rank's launch returned; a rank's wait returns at the later of
-its start and that end) gives the measured mean return. Then a second pass (busy, cells up to
+collective (it ends D after the last rank handed it to the transport inside its launch, where the
+backend marks that, ``Communicator.issued_at``, else after the last launch returned; a rank's wait
+returns at the later of its start and that end) gives the measured mean return. Then a second pass (busy, cells up to
 ``CONCURRENT_MAX_BYTES``): each launched asynchronously alone, and again with its twin on another
 group launched right behind it, each after a burst and a barrier; the two are fitted together with
 a latency column for the company, which is kept beside the first pass's asynchronous fit (the
@@ -486,8 +487,9 @@ class Calibration:
         calibration measures one companion; charging it per companion over-predicted W = 3, 4 mixed
         plans by 13 - 21 %, notes/sim_validation.md, "2026-11-24, night"); ``idle``: the share of an
         asynchronous collective's time its ranks wait idle for it (``_mix``), ``launch_s`` its
-        launch's seconds: the blocking fit's time runs from the last rank's call, an asynchronous
-        collective's from the last launch's return, so the blocking share is charged that much less."""
+        launch's seconds up to where it was handed to the transport (the whole launch where that
+        is not recorded): the blocking fit's time runs from the last rank's call, an asynchronous
+        collective's from there, so the blocking share is charged that much less."""
         if group_size < 2:
             return 0.0
         mix = self._mix(kind, async_op, idle)
@@ -775,15 +777,15 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         _busy(work, seconds)
         computed[0] += time.perf_counter() - t0
     # per cell and iteration, wall-clock ns: a blocking call and its return (rows 0, 1); with busy_s an
-    # asynchronous launch's return, the start of its wait and the wait's return (2 - 4), and in the
+    # asynchronous launch's issue, the start of its wait and the wait's return (2 - 4), and in the
     # second pass the same alone (5 - 7) and with its twin (8 - 10), and in the third pass a blocking
     # call and its return with busy_s of compute after it (11, 12) and AFTER_FACTOR x busy_s (13, 14)
     t = np.full((15, len(cells), warmup + iters), np.nan)
 
     def launched(c: int, it: int, j: int, company: bool = False) -> None:
         """A burst, then cell c launched asynchronously (``company``: its twin right behind it),
-        computed over, waited for: t[j], t[j + 1], t[j + 2] its launch's return, its wait's start
-        and return."""
+        computed over, waited for: t[j], t[j + 1], t[j + 2] its issue inside the launch (the
+        launch's return where the backend does not mark it), its wait's start and return."""
         compute(busy_s * rng.uniform(0.5, 1.5))
         # launched together and overlapped alike, as training's ranks, which leave their previous
         # collective together; every rank draws, in the group or not, so the draws stay the same
@@ -792,8 +794,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         op = ops.get(cells[c])
         if op is None:
             return
-        handle = op(True)
-        t[j, c, it] = time.time_ns()  # launched: the simulator starts it once the last rank is here
+        handle, t[j, c, it] = _launch(comm, op)  # the simulator starts it once every rank issued it
         other = twin_ops[cells[c]](True) if company else None
         compute(overlap)
         t[j + 1, c, it] = time.time_ns()
@@ -909,6 +910,20 @@ def _cell_op(cell: tuple[str, int, int], sub: Any, device: Any) -> Any:
     raise ValueError(f"measure_collectives: unknown kind {k!r} (known: {KINDS})")
 
 
+def _launch(comm: Any, op: Any) -> tuple[Any, int]:
+    """(handle, wall-clock ns) of ``op(True)``, an asynchronous launch on ``comm``: the instant the
+    collective was handed to the transport inside the launch, which the communicator's backend
+    marks (``Communicator.issued_at``; gloo's thread may move the data before the launch returns),
+    else the launch's return."""
+    probe = callable(getattr(comm, "issued_at", None)) and callable(getattr(comm, "clear_issue", None))
+    if probe:
+        comm.clear_issue()
+    w0, p0 = time.time_ns(), time.perf_counter_ns()
+    handle = op(True)
+    issued = comm.issued_at() if probe else None
+    return handle, (w0 + (issued - p0) if issued is not None and issued >= p0 else time.time_ns())
+
+
 def _synchronised(out: Any) -> None:
     """Wait for a CUDA result on the host (the stream is done); nothing for CPU tensors."""
     if getattr(out, "is_cuda", False):
@@ -933,7 +948,8 @@ def _return_spread(call_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, floa
 
 def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float, float]:
     """(D, first, spread) of an asynchronous collective under the simulator's rule: it ends D after
-    the last rank's launch returned, and a rank's wait returns at the later of its start and that
+    the last rank's launch (its issue, or its return) ``launch_ns``, and a rank's wait returns at
+    the later of its start and that
     end. D gives the measured mean return over ranks and iterations. The waits that blocked
     (returned more than ``BLOCKED_NS`` after they began) return apart, as a blocking call's ranks
     do: spread is the mean over them of their return after the first of them in the iteration,

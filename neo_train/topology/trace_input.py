@@ -32,8 +32,10 @@ Per-rank chains (``timeline_phases``), for traces that carry their ranks' own ti
 each rank is a chain of its recorded compute, cut by the intervals in which it blocked: a blocking
 call waits for its collective's end, an asynchronous call only launches it and a later wait joins
 it. A collective starts when the last rank of its group has issued it (a blocking call) or
-finished launching it (an asynchronous one: the launch prepares what is sent, so nothing moves
-before it returns, and a launch that the host slowed delays the peers), after the fixed latency
+handed it to the transport inside its launch (an asynchronous one, the trace's ``issue_ns``: what
+the launch does before, such as preparing what is sent, delays the peers; after it the transport's
+thread can move the data while the host keeps the caller from returning; a trace without the
+field: when the launch returned), after the fixed latency
 the collective factory adds (e.g. a calibration's alpha), so a late rank delays the others
 exactly as in the run. A rank waiting for a collective (its blocking call, or a wait) resumes at
 its end, or with ``return_lags`` (a calibration's, ``trace_sim.calibrated_return_lags``) at the
@@ -219,8 +221,8 @@ def check_trace(traces: Mapping[int, Any], files: Mapping[int, str | Path] | Non
 
 
 # the rank-timeline fields neo_train.comm.trace writes (its TIMELINE_FIELDS)
-_TIMELINE_INTS = ("order", "compute_ns", "call_ns", "step", "step_start_ns", "wait_order", "wait_compute_ns",
-                  "wait_ns", "wait_step", "wait_step_start_ns")
+_TIMELINE_INTS = ("order", "compute_ns", "call_ns", "issue_ns", "step", "step_start_ns", "wait_order",
+                  "wait_compute_ns", "wait_ns", "wait_step", "wait_step_start_ns")
 
 
 def _comm_name(e: Mapping[str, Any]) -> str:
@@ -409,6 +411,9 @@ class Block:
     """A call that blocked until its collective ended."""
     pos: int
     """Index of its (first) entry in the rank's file."""
+    issue: float | None = None
+    """An asynchronous launch: seconds into it that the collective was handed to the transport
+    (the trace's ``issue_ns``), from when it can progress; None: not recorded (its end)."""
 
 
 def has_recorded_compute(traces: Mapping[int, list]) -> bool:
@@ -461,8 +466,13 @@ def rank_timelines(traces: Mapping[int, list]) -> tuple[dict[int, list[Block]], 
             key = (pg, k)
             colls.setdefault(key, {})[rank] = dict(e, _pos=pos)
             sync = not e.get("async", False)
+            issue = e.get("issue_ns")
+            if issue is not None and (sync or issue > e["call_ns"]):
+                raise ValueError(f"{where}: field 'issue_ns' ({issue}) " + ("on a blocking call (async is false)" if sync
+                                 else f"exceeds the launch's call_ns ({e['call_ns']})"))
             mine.append(Block(rank, int(e["order"]), "call", (e.get("compute_ns") or 0) / 1e9, e["call_ns"] / 1e9,
-                              e.get("step"), _lead(e.get("step_start_ns")), (key,), sync, pos))
+                              e.get("step"), _lead(e.get("step_start_ns")), (key,), sync, pos,
+                              None if issue is None else issue / 1e9))
             if e.get("wait_order") is not None:
                 if sync:
                     raise ValueError(f"{where}: field 'wait_order' on a blocking call (async is false)")
@@ -645,7 +655,12 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
             elif b.kind == "call" and b.sync:  # a blocking call ends with its collective (and the rank's lag)
                 arrivals[b.colls[0]].append(c)
                 phases.append(Compute(end, 0.0, (c,) + joins))
-            elif b.kind == "call":  # an async one launches it: the collective starts once launched
+            elif b.kind == "call" and b.issue is not None:  # an async launch: the collective starts once
+                # handed to the transport, while the rank may still be in its launch (``Block.issue``)
+                phases.append(Compute(end + "i", b.issue, (c,)))
+                phases.append(Compute(end, b.blocked - b.issue, (end + "i",)))
+                arrivals[b.colls[0]].append(end + "i")
+            elif b.kind == "call":  # one without the issue recorded: the collective starts once launched
                 phases.append(Compute(end, b.blocked, (c,)))
                 arrivals[b.colls[0]].append(end)
             elif joins:

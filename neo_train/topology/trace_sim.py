@@ -180,7 +180,8 @@ def calibrated_collectives(cal: Calibration):
         e0 = by_rank[min(by_rank)]
         asy = bool(e0.get("async"))
         idle = float(e0.get("_idle", 0.0))
-        launch = statistics.fmean(float(e.get("call_ns") or 0) for e in by_rank.values()) / 1e9 if asy else 0.0
+        launch = statistics.fmean(float(e.get("issue_ns", e.get("call_ns")) or 0) for e in by_rank.values()) / 1e9 \
+            if asy else 0.0  # the launch up to the issue, where the simulator starts it
         lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")),
                                                      idle=idle, launch_s=launch), after)
         comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy,
@@ -425,7 +426,8 @@ def validate_timeline(tl: Timeline, res: SimResult, warmup_steps: int = WARMUP_S
 def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_pred: Mapping, end_pred: Mapping,
                comm_end: float, steady: set) -> tuple[float, float] | None:
     """(measured, predicted) seconds from the last rank's call (an asynchronous collective: the
-    last rank's launch returning, where the simulator starts it) to the collective's end: in the
+    last rank's issue inside its launch, or without one recorded the launch's return, where the
+    simulator starts it) to the collective's end: in the
     run, the mean over its ranks of their return (a blocking call) or completion (joined by a
     backward), on the wall clock (``startTime_ns``: one host); in the simulation, likewise the mean
     over its ranks of their resumption (a blocking call's ranks lag its Comm's end by their return
@@ -443,9 +445,13 @@ def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_
             return None
         if not c.sync and e.get("joined_by") != "backward":
             return None
-        starts.append(e["startTime_ns"] + (0 if c.sync else e["call_ns"]))
+        issued = c.issue is not None  # an async launch: where it was handed to the transport, else its end
+        starts.append(e["startTime_ns"] + (0 if c.sync else e["issue_ns"] if issued else e["call_ns"]))
         dones.append(e["startTime_ns"] + (e["call_ns"] if c.sync else e["duration_ns"]))
-        arrive.append((start_pred if c.sync else end_pred)[(rank, c.order)])
+        if c.sync or issued:
+            arrive.append(start_pred[(rank, c.order)] + (0.0 if c.sync else c.issue))
+        else:
+            arrive.append(end_pred[(rank, c.order)])
         resume.append(end_pred[(rank, c.order)] if c.sync else comm_end)
     if len(starts) < 2:
         return None
