@@ -73,15 +73,20 @@ def _hand_trace(path: Path) -> Path:
     return path
 
 
-def test_per_rank_chains_join_at_collectives(tmp_path):
-    traces = load_trace(_hand_trace(tmp_path / "tr"))
-    tl = timeline_phases(traces, calibrated_collectives(_cal()))
-    res = simulate(tl.phases, _cal().network())
-    end = {p.name: p.end * 1e3 for p in res.phases}  # ms
+def _simulated_at(traces):
+    """(timeline, result, at): at(rank, order) gives the simulated (start, end) of a rank's block, ms."""
+    tl, res = _simulated(traces)
+    end = {p.name: p.end * 1e3 for p in res.phases}
 
     def at(rank, order):
         a, b = tl.nodes[(rank, order)]
         return end[a], end[b]
+    return tl, res, at
+
+
+def test_per_rank_chains_join_at_collectives(tmp_path):
+    tl, res, at = _simulated_at(load_trace(_hand_trace(tmp_path / "tr")))
+    end = {p.name: p.end * 1e3 for p in res.phases}  # ms
 
     # the first all-to-all: both arrive at 0, alpha 1 ms
     assert at(0, 0) == pytest.approx((0.0, 1.0)) and at(1, 0) == pytest.approx((0.0, 1.0))
@@ -124,14 +129,7 @@ def test_an_asynchronous_collective_starts_where_it_was_issued(tmp_path):
         for i, (call, issue) in changes.items():
             es[i].update(call_ns=call, issue_ns=issue)
         f.write_text(json.dumps(es))
-    traces = load_trace(path)
-    tl = timeline_phases(traces, calibrated_collectives(_cal()))
-    res = simulate(tl.phases, _cal().network())
-    end = {p.name: p.end * 1e3 for p in res.phases}  # ms
-
-    def at(rank, order):
-        a, b = tl.nodes[(rank, order)]
-        return end[a], end[b]
+    tl, res, at = _simulated_at(load_trace(path))
 
     # rank 1 launches the all-to-all from 4 to 5 ms and issued it at 4.1: it ends alpha later, 5.1
     # (from the launch's end it would be 6.0); rank 1 reaches its wait after that and goes on
