@@ -989,6 +989,12 @@ def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(
     # one pass: the asynchronous fit alone
     tl1, res1, n1 = simulate_calibrated(traces, cal, passes=1)
     assert n1 == 1 and {p.name: p.end for p in res1.phases}[tl1.nodes[(0, 2)][1]] * 1e3 == pytest.approx(7.1)
+    # the result's wall time is every pass's (`simulate --trace` prints it)
+    runs, real = [], trace_sim.simulate
+    monkeypatch.setattr(trace_sim, "simulate", lambda *a, **k: runs.append(real(*a, **k)) or runs[-1])
+    tl, res, passes = simulate_calibrated(traces, cal)
+    assert len(runs) == passes > 1 and res.wall_seconds == pytest.approx(sum(r.wall_seconds for r in runs))
+    assert res.wall_seconds > runs[-1].wall_seconds
 
 
 # ---- the command line: errors name the file, rank and field -------------------------------------

@@ -33,6 +33,7 @@ explicit --nodes must hold the ranks, else a ValueError naming the flags.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -269,19 +270,22 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     until the idle shares settle (``idle_shares``, ``IDLE_PASSES``): (timeline, result, passes run).
     An asynchronous collective costs what the calibration's asynchronous fit says while its ranks
     compute, and what the blocking fit says while they wait idle for it; which it is depends on
-    the simulated schedule, so the shares of one pass set the costs of the next."""
+    the simulated schedule, so the shares of one pass set the costs of the next. The result's
+    ``wall_seconds`` is what all the passes took."""
     factory, net = calibrated_collectives(cal), cal.network()
     idle: dict[tuple, float] = {}
+    wall = 0.0
     for n in range(1, max(1, passes) + 1):
         tl = timeline_phases(traces, factory, calibrated_return_lags(cal, seed), idle)  # the same draws each pass
         res = simulate(tl.phases, net, **simulate_kw)
+        wall += res.wall_seconds
         if n == passes:
             break
         new = idle_shares(tl, res)
         if all(abs(new.get(k, 0.0) - idle.get(k, 0.0)) <= IDLE_TOLERANCE for k in set(new) | set(idle)):
             break
         idle = new
-    return tl, res, n
+    return tl, dataclasses.replace(res, wall_seconds=wall), n
 
 
 @dataclass
