@@ -465,6 +465,16 @@ def test_measure_collectives_on_gloo_ranks(busy_s):
     assert not any(s.get("async") for s in third)
     assert all(s["seconds"] > 0 and s["iters"] == 2 and s["busy_s"] == busy_s and s["overlap_s"] == busy_s / 2 for s in a)
     assert all(s["p25"] <= s["p50"] <= s["p75"] for s in sync)
+    # the first pass's asynchronous cells keep, per pooled iteration, the compute drawn over them
+    # (within the draw's range, [0, 2 x overlap_s)) and their completion after the last launch,
+    # where the handle has the backend's future (gloo's reduce-scatter is an all-to-all and a sum)
+    assert {s["kind"] for s in first if "iters_done_s" not in s} <= {"reduce_scatter"}
+    for s in (s for s in first if s["kind"] != "reduce_scatter"):
+        ov, done = s["iters_overlap_s"], s["iters_done_s"]
+        pooled = 2 * (3 // s["group"] if s["group"] < 3 else 1)  # iterations x the groups side by side
+        assert len(ov) == len(done) == pooled and all(0 <= v < 2 * busy_s / 2 + 1e-6 for v in ov), s
+        assert all(d > 0 for d in done) and np.mean(done) <= s["seconds"] + max(ov) + 0.05, s
+    assert not any("iters_done_s" in s for s in a if s not in first)
 
 
 def test_measure_collectives_overlaps_each_kind_as_given():

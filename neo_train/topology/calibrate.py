@@ -690,7 +690,9 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     """Time every kind x group size x message size on ``comm`` (a ``neo_train.comm``
     Communicator; every rank calls this). Returns the same samples on every rank: dicts of kind,
     group, bytes, seconds (the mean over iterations of ``_call_seconds``), p25 / p50 / p75 of the
-    iterations, iters, busy_s, and ``async`` for the asynchronous ones. See the module docstring.
+    iterations, iters, busy_s, and ``async`` for the asynchronous ones (those of the first pass whose
+    handle has the backend's future also keep each iteration's compute over the collective and its
+    completion, ``_completions``). See the module docstring.
 
     ``busy_s`` > 0: instead of a barrier, before each call every rank computes for ``busy_s`` x
     U(0.5, 1.5) seconds (one thread, a kernel that releases the GIL), so the ranks arrive skewed
@@ -769,7 +771,8 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         twin_ops = {cell: _cell_op(cell, twins[cell[1]], device) for cell in cells if cell[1] in twins}
     rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
     rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
-    work = torch.randn(*((1024, 1024) if torch.device(device).type == "cuda" else (96, 96)), device=device)
+    _on_gpu = torch.device(device).type == "cuda"
+    work = torch.randn(*((1024, 1024) if _on_gpu else (96, 96)), device=device)
     computed = [0.0]  # seconds this rank computed in the iteration
 
     def compute(seconds: float) -> None:
@@ -779,8 +782,10 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
     # per cell and iteration, wall-clock ns: a blocking call and its return (rows 0, 1); with busy_s an
     # asynchronous launch's issue, the start of its wait and the wait's return (2 - 4), and in the
     # second pass the same alone (5 - 7) and with its twin (8 - 10), and in the third pass a blocking
-    # call and its return with busy_s of compute after it (11, 12) and AFTER_FACTOR x busy_s (13, 14)
-    t = np.full((15, len(cells), warmup + iters), np.nan)
+    # call and its return with busy_s of compute after it (11, 12) and AFTER_FACTOR x busy_s (13, 14);
+    # the first pass's asynchronous cell's completion as its future's callback saw it (15) and its
+    # draw of compute over it (16, ns)
+    t = np.full((17, len(cells), warmup + iters), np.nan)
 
     def launched(c: int, it: int, j: int, company: bool = False) -> None:
         """A burst, then cell c launched asynchronously (``company``: its twin right behind it),
@@ -795,11 +800,17 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         if op is None:
             return
         handle, t[j, c, it] = _launch(comm, op)  # the simulator starts it once every rank issued it
+        seen: list[int] = []  # the first pass: when it completed, while the rank computes or waits
+        done = handle.future().then(lambda _f: seen.append(time.time_ns())) \
+            if j == 2 and getattr(handle, "_future", None) is not None and not _on_gpu else None
         other = twin_ops[cells[c]](True) if company else None
         compute(overlap)
         t[j + 1, c, it] = time.time_ns()
         _synchronised(handle.wait())
         t[j + 2, c, it] = time.time_ns()
+        if done is not None:
+            done.wait()
+            t[15, c, it], t[16, c, it] = min(seen[0], t[j + 2, c, it]), overlap * 1e9
         if other is not None:
             _synchronised(other.wait())
 
@@ -857,7 +868,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             called(c, it, 11, 1.0)
             called(c, it, 13, AFTER_FACTOR)
     mine = torch.tensor(t[:, :, warmup:].reshape(-1), dtype=torch.float64, device=device)
-    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 15, len(cells), iters)
+    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 17, len(cells), iters)
     out = []
     for c, (k, g, s) in enumerate(cells):
         # every group's ranks and iterations, as more iterations of one group
@@ -880,9 +891,22 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             launches += [(5, {"pass": "concurrent", "concurrent": False}), (8, {"pass": "concurrent", "concurrent": True})]
         for j, extra in launches:
             d, first, spread = _async_seconds(mine_g[:, j], mine_g[:, j + 1], mine_g[:, j + 2])
+            if j == 2 and np.isfinite(mine_g[:, 15:17]).all():
+                extra = extra | _completions(mine_g[:, 2], mine_g[:, 15], mine_g[0, 16])
             out.append(base | {"seconds": float(max(d, 1e-7)), "first_s": first, "spread_s": spread, "async": True}
                        | extra)
     return out
+
+
+def _completions(launch_ns: np.ndarray, done_ns: np.ndarray, overlap_ns: np.ndarray) -> dict[str, list[float]]:
+    """Per iteration of an asynchronous cell, for offline models of how the compute over a collective
+    slows it (notes/sim_validation.md, "2026-11-24, session 24"): ``iters_overlap_s``, the compute the
+    ranks drew to do over it, and ``iters_done_s``, the mean over ranks of its completion (its
+    future's callback, which runs on time while the ranks compute in matrix products) after the
+    last rank's launch, seconds to the microsecond. Arrays (ranks, iterations) of wall-clock ns."""
+    done = (done_ns.mean(axis=0) - launch_ns.max(axis=0)) / 1e9
+    return {"iters_overlap_s": [round(float(v) / 1e9, 6) for v in overlap_ns],
+            "iters_done_s": [round(float(v), 6) for v in done]}
 
 
 def _cell_elements(g: int, nbytes: int) -> int:
