@@ -92,9 +92,10 @@ and on a host with more ranks than cores the collective looks shorter than it is
 (``Calibration.async_kinds``): the duration D for which the simulator's rule for an asynchronous
 collective (it ends D after the last rank handed it to the transport inside its launch, where the
 backend marks that, ``Communicator.issued_at``, else after the last launch returned; a rank's wait
-returns at the later of its start and that end) gives the measured mean return. Then a second pass (busy, cells up to
-``CONCURRENT_MAX_BYTES``): each launched asynchronously alone, and again with its twin on another
-group launched right behind it, each after a burst and a barrier; the two are fitted together with
+returns at the later of its start and that end) gives the measured mean return. Then a second
+pass (busy, cells up to ``CONCURRENT_MAX_BYTES``): each launched asynchronously alone, and again
+with its twin on another group launched right behind it, each after a burst and a barrier; the two
+are fitted together with
 a latency column for the company, which is kept beside the first pass's asynchronous fit (the
 second pass's load differs from the first's: interleaved with it, its extra waits made every
 first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). A third pass (busy, the
@@ -771,8 +772,8 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         twin_ops = {cell: _cell_op(cell, twins[cell[1]], device) for cell in cells if cell[1] in twins}
     rng = random.Random(seed * 1000 + rank)  # the skew before a call: each rank its own
     rng_overlap = random.Random(seed)  # the compute under an asynchronous collective: alike on every rank
-    _on_gpu = torch.device(device).type == "cuda"
-    work = torch.randn(*((1024, 1024) if _on_gpu else (96, 96)), device=device)
+    on_gpu = torch.device(device).type == "cuda"
+    work = torch.randn(*((1024, 1024) if on_gpu else (96, 96)), device=device)
     computed = [0.0]  # seconds this rank computed in the iteration
 
     def compute(seconds: float) -> None:
@@ -801,8 +802,9 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             return
         handle, t[j, c, it] = _launch(comm, op)  # the simulator starts it once every rank issued it
         seen: list[int] = []  # the first pass: when it completed, while the rank computes or waits
-        done = handle.future().then(lambda _f: seen.append(time.time_ns())) \
-            if j == 2 and getattr(handle, "_future", None) is not None and not _on_gpu else None
+        done = None
+        if j == 2 and getattr(handle, "_future", None) is not None and not on_gpu:
+            done = handle.future().then(lambda _f: seen.append(time.time_ns()))
         other = twin_ops[cells[c]](True) if company else None
         compute(overlap)
         t[j + 1, c, it] = time.time_ns()
@@ -973,8 +975,7 @@ def _return_spread(call_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, floa
 def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float, float]:
     """(D, first, spread) of an asynchronous collective under the simulator's rule: it ends D after
     the last rank's launch (its issue, or its return) ``launch_ns``, and a rank's wait returns at
-    the later of its start and that
-    end. D gives the measured mean return over ranks and iterations. The waits that blocked
+    the later of its start and that end. D gives the measured mean return over ranks and iterations. The waits that blocked
     (returned more than ``BLOCKED_NS`` after they began) return apart, as a blocking call's ranks
     do: spread is the mean over them of their return after the first of them in the iteration,
     and ``first`` is D with each such wait returning with that first one (the rule with return
