@@ -95,10 +95,10 @@ backend marks that, ``Communicator.issued_at``, else after the last launch retur
 returns at the later of its start and that end) gives the measured mean return. Then a second
 pass (busy, cells up to ``CONCURRENT_MAX_BYTES``): each launched asynchronously alone, and again
 with its twin on another group launched right behind it, each after a burst and a barrier; the two
-are fitted together with
-a latency column for the company, which is kept beside the first pass's asynchronous fit (the
-second pass's load differs from the first's: interleaved with it, its extra waits made every
-first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). A third pass (busy, the
+are fitted together with a latency column for the company, which is kept beside the first pass's
+asynchronous fit (the second pass's load differs from the first's: interleaved with it, its extra
+waits made every first-pass cell faster, notes/sim_validation.md, "2026-11-24, night"). A third
+pass (busy, the
 smallest and the largest of those cells) calls each blocking after a barrier and a burst, with
 ``busy_s`` x U(0.5, 1.5) of compute after the call, then ``AFTER_FACTOR`` x as long: the spreads'
 difference per second of compute is ``KindFit.after_lag``. A busy calibration reports the
@@ -870,7 +870,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
             called(c, it, 11, 1.0)
             called(c, it, 13, AFTER_FACTOR)
     mine = torch.tensor(t[:, :, warmup:].reshape(-1), dtype=torch.float64, device=device)
-    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, 17, len(cells), iters)
+    got = comm.all_gather_v(mine, [mine.numel()] * W, tag="calibrate").cpu().numpy().reshape(W, t.shape[0], len(cells), iters)
     out = []
     for c, (k, g, s) in enumerate(cells):
         # every group's ranks and iterations, as more iterations of one group
@@ -975,9 +975,10 @@ def _return_spread(call_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, floa
 def _async_seconds(launch_ns: np.ndarray, wait_ns: np.ndarray, ret_ns: np.ndarray) -> tuple[float, float, float]:
     """(D, first, spread) of an asynchronous collective under the simulator's rule: it ends D after
     the last rank's launch (its issue, or its return) ``launch_ns``, and a rank's wait returns at
-    the later of its start and that end. D gives the measured mean return over ranks and iterations. The waits that blocked
-    (returned more than ``BLOCKED_NS`` after they began) return apart, as a blocking call's ranks
-    do: spread is the mean over them of their return after the first of them in the iteration,
+    the later of its start and that end. D gives the measured mean return over ranks and
+    iterations. The waits that blocked (returned more than ``BLOCKED_NS`` after they began) return
+    apart, as a blocking call's ranks do: spread is the mean over them of their return after the
+    first of them in the iteration,
     and ``first`` is D with each such wait returning with that first one (the rule with return
     lags, ``trace_sim.calibrated_return_lags``). Arrays (ranks, iterations) of wall-clock ns. A
     wait that began after the collective ended constrains D only from above; the mean return is

@@ -415,6 +415,12 @@ class Block:
     """An asynchronous launch: seconds into it that the collective was handed to the transport
     (the trace's ``issue_ns``), from when it can progress; None: not recorded (its end)."""
 
+    @property
+    def starts_at(self) -> float:
+        """Seconds into the call at which its collective can start: 0 for a blocking call, else the
+        issue, or without one the whole launch (``timeline_phases``)."""
+        return 0.0 if self.sync else self.blocked if self.issue is None else self.issue
+
 
 def has_recorded_compute(traces: Mapping[int, list]) -> bool:
     """Whether the trace carries its ranks' timelines (neo_train's tracer: ``order``, ``call_ns``)."""

@@ -449,13 +449,9 @@ def _net_times(key: tuple, by_rank: Mapping[int, dict], call_of: Mapping, start_
             return None
         if not c.sync and e.get("joined_by") != "backward":
             return None
-        issued = c.issue is not None  # an async launch: where it was handed to the transport, else its end
-        starts.append(e["startTime_ns"] + (0 if c.sync else e["issue_ns"] if issued else e["call_ns"]))
+        starts.append(e["startTime_ns"] + c.starts_at * 1e9)  # a call's start, an async launch's issue
         dones.append(e["startTime_ns"] + (e["call_ns"] if c.sync else e["duration_ns"]))
-        if c.sync or issued:
-            arrive.append(start_pred[(rank, c.order)] + (0.0 if c.sync else c.issue))
-        else:
-            arrive.append(end_pred[(rank, c.order)])
+        arrive.append(start_pred[(rank, c.order)] + c.starts_at)
         resume.append(end_pred[(rank, c.order)] if c.sync else comm_end)
     if len(starts) < 2:
         return None
