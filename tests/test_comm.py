@@ -223,3 +223,21 @@ def test_a_paused_timer_books_nothing():
     timer.add("b", 0.5)
     t = timer.totals()
     assert t["a"] < 0.01 and t["b"] == 0.5
+
+
+def test_handle_future_is_the_backends_own_or_completed_by_waiting():
+    from neo_train.comm.interface import Handle
+
+    waited = []
+    plain = Handle(lambda: (waited.append(1), torch.ones(2))[1])
+    assert not plain.has_future and not waited
+    fut = plain.future()  # no backend future: completed by waiting now
+    assert waited == [1] and fut.done() and torch.equal(fut.value(), torch.ones(2))
+
+    own: torch.futures.Future = torch.futures.Future()
+    backed = Handle(lambda: torch.zeros(1), _future=lambda: own)
+    assert backed.has_future
+    got = backed.future()
+    assert got is own and not got.done()  # nothing waited: the transport completes it
+    own.set_result(torch.full((1,), 3.0))
+    assert got.value().item() == 3.0

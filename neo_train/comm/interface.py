@@ -79,6 +79,12 @@ class Handle:
             self._done = self._wait()
         return self._done
 
+    @property
+    def has_future(self) -> bool:
+        """Whether ``future()`` gives the backend's own future (completed by the transport, so
+        callbacks chained on it see the completion) rather than one completed by waiting now."""
+        return self._future is not None
+
     def future(self) -> torch.futures.Future:
         if self._future is not None:
             return self._future()

@@ -803,7 +803,7 @@ def measure_collectives(comm: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, kind
         handle, t[j, c, it] = _launch(comm, op)  # the simulator starts it once every rank issued it
         seen: list[int] = []  # the first pass: when it completed, while the rank computes or waits
         done = None
-        if j == 2 and getattr(handle, "_future", None) is not None and not on_gpu:
+        if j == 2 and getattr(handle, "has_future", False) and not on_gpu:
             done = handle.future().then(lambda _f: seen.append(time.time_ns()))
         other = twin_ops[cells[c]](True) if company else None
         compute(overlap)
