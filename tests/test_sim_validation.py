@@ -819,6 +819,91 @@ def test_the_second_pass_adds_what_company_costs_to_the_first_pass_fit():
     _file_keeps(cal, "async_kinds", "all_reduce", "concurrent_s", {"2": -1.0})
 
 
+def test_the_first_pass_fits_how_an_asynchronous_collective_slows_with_the_compute_over_it():
+    """A busy calibration's first pass keeps each asynchronous cell's iterations (the compute drawn
+    over it, its completion): per kind and group size the slope of the completion on the draw with
+    each cell's means taken off (cells of different sizes differ in level, not in slope), at least
+    0, and the mean draw, on the asynchronous fit, whose latency they do not move. ``latency``
+    charges an asynchronous collective the slope times the compute over it beyond that mean, on
+    the asynchronous fit's share only (less compute, or a blocking call: nothing). The file keeps
+    them; a malformed one is named; files without the iterations add nothing."""
+    rng = np.random.default_rng(3)
+
+    def t(k, g, b, alpha):  # the shared fabric at 1 GB/s
+        return alpha * g + _unit_time(k, g, b, "shared") / 1e9
+
+    sync = [{"kind": k, "group": g, "bytes": b, "seconds": t(k, g, b, 1e-3)} for k in ("all_to_allv", "all_reduce")
+            for g in (2, 3) for b in (1 << 10, 1 << 20, 8 << 20)]
+    slope = {("all_to_allv", 2): 0.4, ("all_to_allv", 3): 0.25, ("all_reduce", 2): 0.0, ("all_reduce", 3): 0.5}
+    first = []
+    for r in sync:
+        k, g, b = r["kind"], r["group"], r["bytes"]
+        ov = rng.uniform(0.0, 4e-3, 37)
+        done = t(k, g, b, 2e-3) + slope[(k, g)] * (ov - ov.mean()) + rng.normal(0, 1e-5, ov.size)
+        if (k, g) == ("all_reduce", 2):
+            done = done - 0.2 * (ov - ov.mean())  # slows less the more it is computed over: clamped to 0
+        first.append(dict(r, seconds=float(done.mean()), iters_overlap_s=ov.round(6).tolist(),
+                          iters_done_s=done.round(6).tolist(), **{"async": True}))
+    cal = fit_calibration(sync + first, world_size=3, transport="gloo", device="cpu")
+    bare = fit_calibration(sync + [{k: v for k, v in r.items() if not k.startswith("iters_")} for r in first],
+                           world_size=3, transport="gloo", device="cpu")
+    draws = {g: np.mean([np.mean(r["iters_overlap_s"]) for r in first if r["group"] == g and r["kind"] == "all_to_allv"])
+             for g in (2, 3)}
+    f = cal.async_kinds["all_to_allv"]
+    assert f.overlap_slope == pytest.approx({2: 0.4, 3: 0.25}, abs=0.01)
+    assert f.overlap_mean_s == pytest.approx(draws) and 1.5e-3 < draws[2] < 2.5e-3
+    assert cal.async_kinds["all_reduce"].overlap_slope == pytest.approx({2: 0.0, 3: 0.5}, abs=0.01)
+    for k in ("all_to_allv", "all_reduce"):
+        assert dataclasses.replace(cal.async_kinds[k], overlap_slope={}, overlap_mean_s={}) == bare.async_kinds[k]
+        assert bare.async_kinds[k].overlap_slope == {} and cal.kinds[k] == bare.kinds[k]
+    at = cal.latency("all_to_allv", 2, async_op=True)
+    s2, m2 = f.overlap_slope[2], f.overlap_mean_s[2]
+    assert cal.latency("all_to_allv", 2, async_op=True, over_s=m2 + 3e-3) == pytest.approx(at + s2 * 3e-3)
+    assert cal.latency("all_to_allv", 2, async_op=True, over_s=m2 / 2) == at  # less than the calibration's draw
+    assert cal.latency("all_to_allv", 2, over_s=m2 + 3e-3) == cal.latency("all_to_allv", 2)  # blocking: none
+    assert bare.latency("all_to_allv", 2, async_op=True, over_s=m2 + 3e-3) == bare.latency("all_to_allv", 2,
+                                                                                            async_op=True)
+    # waited for idle a quarter of its time: the asynchronous fit's three quarters are charged
+    assert cal.latency("all_to_allv", 2, async_op=True, idle=0.25, over_s=m2 + 3e-3) == pytest.approx(
+        cal.latency("all_to_allv", 2, async_op=True, idle=0.25) + 0.75 * s2 * 3e-3)
+    assert "us per ms computed over it beyond" in cal.table()
+    _file_keeps(cal, "async_kinds", "all_to_allv", "overlap_slope", {"2": -0.1, "3": 0.25})
+    data = json.loads(json.dumps(cal.to_dict()))
+    del data["async_kinds"]["all_to_allv"]["overlap_mean_s"]["3"]
+    with pytest.raises(CalibrationError, match=r"async_kinds\.all_to_allv\.overlap_slope.*overlap_mean_s"):
+        Calibration.from_dict(data, "c.json")
+
+
+def test_an_asynchronous_collective_computed_over_longer_than_the_calibration_lasts_longer(tmp_path):
+    """``trace_input.compute_over``: per asynchronous collective joined (a wait, or the backward's
+    end), its ranks' compute from the launch to the join, the mean over them; the timeline hands
+    it to the factory (``_over``), which charges the asynchronous fit's ``overlap_slope`` for what
+    exceeds its ``overlap_mean_s``: the all-reduce's end moves by that much."""
+    from neo_train.topology.trace_input import compute_over
+
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    blocks, _ = rank_timelines(traces)
+    a2a, ar = ((0, (0, 1)), (1, (0, 1)))
+    # the async a2a: rank 0 computes 2 ms before its wait, rank 1 0.5 ms; the all-reduce 0.5 ms
+    # before the backward's end on both; the blocking calls have none
+    assert compute_over(blocks) == pytest.approx({(a2a, 1): 1.25e-3, (ar, 0): 0.5e-3})
+    cal = _cal()
+    cal.async_kinds = dict(cal.kinds)
+    plain = simulate(timeline_phases(traces, calibrated_collectives(cal)).phases, cal.network())
+    cal.async_kinds = {k: dataclasses.replace(f, overlap_slope={2: 0.5}, overlap_mean_s={2: 0.3e-3})
+                       for k, f in cal.kinds.items()}
+    tl = timeline_phases(traces, calibrated_collectives(cal))
+    lat = {":".join(p.name.split(":")[-2:]): p.seconds for p in tl.phases if p.name.startswith("latency:")}
+    # alpha, plus 0.5 x (1.25 - 0.3) ms for the a2a and 0.5 x (0.5 - 0.3) ms for the all-reduce
+    assert lat == pytest.approx({"0:0": 1e-3, "0:1": 1.475e-3, "1:0": 2.1e-3, "0:2": 1e-3})
+    res = simulate(tl.phases, cal.network())
+    end = {p.name: p.end for p in res.phases}
+    end0 = {p.name: p.end for p in plain.phases}
+    name = tl.comm_end[(ar, 0)]
+    # the a2a ends 0.475 ms later, which rank 1 waited for before it launched the all-reduce
+    assert (end[name] - end0[name]) * 1e3 == pytest.approx(0.475 + 0.1)
+
+
 def test_collectives_in_flight_together_take_the_company_latency(tmp_path):
     """By the recorded order: an asynchronous collective's company is how many other collectives
     were issued between its launch and its wait on a rank, or launched before and waited for after

@@ -51,6 +51,16 @@ So a busy calibration's third pass measures the spread with ``busy_s`` and ``AFT
 simulator lengthens the lags of a collective whose ranks compute longer than ``busy_s`` after it
 by that much (``Calibration.lag_after``; shorter compute keeps the calibrated spread: shrinking it
 lost rows).
+An asynchronous collective also lasts longer the longer its ranks compute over it: on a host whose
+cores the ranks hold, its transport threads wait for a core, and the later the compute ends the
+later the stragglers among its steps run (a 36 KB all-reduce at W = 4 took 5.9, 6.9, 7.8, 8.7 ms
+under 2.5, 5, 10, 20 ms of compute). The first pass's asynchronous cells draw the compute over them
+at random (0 - 2 x the runs' mean per kind) and keep each iteration's draw and completion
+(``iters_overlap_s``, ``iters_done_s``); the slope of the completion on the draw, within each cell,
+is ``KindFit.overlap_slope`` (with the mean draw, ``overlap_mean_s``), and the simulator charges a
+collective whose ranks compute longer over it than that mean the slope times the excess
+(``Calibration.latency``'s ``over_s``; less compute is the idle share's business, ``_mix``:
+charging it too lost rows; notes/sim_validation.md, "2026-11-25").
 A busy calibration also fits the collectives launched asynchronously while the ranks compute
 (``async_kinds``: alpha per kind and group size, beta per kind on the same fabric and C); the
 simulator uses them for the trace's asynchronous collectives. Training often has two in flight at
@@ -178,6 +188,13 @@ class KindFit:
     the ranks compute after the call beyond the calibration's burst (``busy_s``; a busy calibration's
     third pass, ``AFTER_FACTOR``): the ranks that returned first hold the cores the others need to
     return. Empty: none measured (files written before it was)."""
+    overlap_slope: dict[int, float] = field(default_factory=dict)
+    """Asynchronous collectives, per group size: how much the completion grows per second of
+    compute its ranks draw over it (a busy calibration's first pass, within each cell; at least 0).
+    Empty: none measured (files written before the iterations were kept)."""
+    overlap_mean_s: dict[int, float] = field(default_factory=dict)
+    """Beside ``overlap_slope``: the mean compute the first pass drew over it (seconds), which its
+    latency is fitted at."""
 
 
 # ---- collectives on the calibrated fabric ----------------------------------------------------------
@@ -391,7 +408,8 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
             if any(r.get("concurrent") for r in second):
                 xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in second]
                 fit = dataclasses.replace(fit, concurrent_s=_fit_kind(second, xs).concurrent_s)
-            async_kinds[kind] = _relative(fit, beta_ref)
+            slope, mean = _overlap_slope(rows)
+            async_kinds[kind] = dataclasses.replace(_relative(fit, beta_ref), overlap_slope=slope, overlap_mean_s=mean)
     return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,
                        [dict(s) for s in samples], dict(meta or {}), async_kinds=async_kinds)
 
@@ -417,6 +435,31 @@ def _after_lag(samples: Sequence[Mapping[str, Any]], kind: str) -> dict[int, flo
             if a1 > a0:
                 out[g] = max(0.0, (s1 - s0) / (a1 - a0))
     return out
+
+
+def _overlap_slope(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[int, float], dict[int, float]]:
+    """``KindFit.overlap_slope`` and ``overlap_mean_s`` from a kind's first-pass asynchronous
+    samples that kept their iterations: per group size, the least-squares slope of the completion
+    on the compute drawn over it, each cell's means taken off (on the draw itself: the draw cut at
+    the completion has a slope of 1 wherever it outlasts it), at least 0; and the mean draw."""
+    xs: dict[int, list[np.ndarray]] = {}
+    ys: dict[int, list[np.ndarray]] = {}
+    for r in rows:
+        ov, done = r.get("iters_overlap_s"), r.get("iters_done_s")
+        if not ov or not done or len(ov) != len(done):
+            continue
+        g = int(r["group"])
+        xs.setdefault(g, []).append(np.asarray(ov, dtype=np.float64))
+        ys.setdefault(g, []).append(np.asarray(done, dtype=np.float64))
+    slope, mean = {}, {}
+    for g in sorted(xs):
+        x = np.concatenate([v - v.mean() for v in xs[g]])
+        y = np.concatenate([v - v.mean() for v in ys[g]])
+        sxx = float((x * x).sum())
+        if sxx > 0:
+            slope[g] = max(0.0, float((x * y).sum()) / sxx)
+            mean[g] = float(np.mean([v.mean() for v in xs[g]]))
+    return slope, mean
 
 
 # ---- the calibration --------------------------------------------------------------------------------
@@ -481,7 +524,7 @@ class Calibration:
         return [(1.0, fit)]
 
     def latency(self, kind: str, group_size: int, async_op: bool = False, concurrent: bool = False,
-                idle: float = 0.0, launch_s: float = 0.0) -> float:
+                idle: float = 0.0, launch_s: float = 0.0, over_s: float = 0.0) -> float:
         """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one);
         ``async_op``: launched asynchronously (``fit_for``); ``concurrent``: with other collectives
         in flight on its ranks (adds ``KindFit.concurrent_s`` where the fit has it, once: the
@@ -490,7 +533,9 @@ class Calibration:
         asynchronous collective's time its ranks wait idle for it (``_mix``), ``launch_s`` its
         launch's seconds up to where it was handed to the transport (the whole launch where that
         is not recorded): the blocking fit's time runs from the last rank's call, an asynchronous
-        collective's from there, so the blocking share is charged that much less."""
+        collective's from there, so the blocking share is charged that much less. ``over_s``: the
+        compute its ranks do over it (the mean over them, launch to join): beyond the calibration's
+        mean draw, the asynchronous fit's share is charged ``KindFit.overlap_slope`` per second."""
         if group_size < 2:
             return 0.0
         mix = self._mix(kind, async_op, idle)
@@ -499,7 +544,8 @@ class Calibration:
             if group_size not in fit.latency_s:
                 raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
                                        f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
-            total += w * (fit.latency_s[group_size] + (fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0))
+            total += w * (fit.latency_s[group_size] + (fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0)
+                          + fit.overlap_slope.get(group_size, 0.0) * max(0.0, over_s - fit.overlap_mean_s.get(group_size, 0.0)))
         if len(mix) == 2:  # the blocking fit mixed in
             total = max(0.0, total - mix[1][0] * launch_s)
         return total
@@ -633,18 +679,25 @@ class Calibration:
                                            f"{{group size >= 2: seconds}}, got {lag!r}")
                 company = f.get("concurrent_s") or {}  # absent in files written before it was measured
                 after = f.get("after_lag") or {}  # likewise
-                for name, v in (("concurrent_s", company), ("after_lag", after)):
+                slope, over = f.get("overlap_slope") or {}, f.get("overlap_mean_s") or {}  # likewise
+                for name, v in (("concurrent_s", company), ("after_lag", after), ("overlap_slope", slope),
+                                ("overlap_mean_s", over)):
                     if not isinstance(v, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in v):
                         raise CalibrationError(f"{where}: field '{key}.{k}.{name}' must be an object "
-                                               f"{{group size >= 2: {'seconds' if name == 'concurrent_s' else 'ratio'}}}, "
+                                               f"{{group size >= 2: {'seconds' if name.endswith('_s') else 'ratio'}}}, "
                                                f"got {v!r}")
+                if set(slope) != set(over):
+                    raise CalibrationError(f"{where}: fields '{key}.{k}.overlap_slope' and '{key}.{k}.overlap_mean_s' "
+                                           f"name different group sizes ({sorted(slope)} vs {sorted(over)})")
                 out[k] = KindFit(lat, num(f.get("seconds_per_byte"), f"{key}.{k}.seconds_per_byte"),
                                  num(f.get("byte_factor"), f"{key}.{k}.byte_factor"),
                                  float(f.get("rms_rel_err") or 0.0), float(f.get("max_rel_err") or 0.0),
                                  int(f.get("samples") or 0),
                                  {int(g): num(v, f"{key}.{k}.spread_s.{g}") for g, v in lag.items()},
                                  {int(g): num(v, f"{key}.{k}.concurrent_s.{g}") for g, v in company.items()},
-                                 {int(g): num(v, f"{key}.{k}.after_lag.{g}") for g, v in after.items()})
+                                 {int(g): num(v, f"{key}.{k}.after_lag.{g}") for g, v in after.items()},
+                                 {int(g): num(v, f"{key}.{k}.overlap_slope.{g}") for g, v in slope.items()},
+                                 {int(g): num(v, f"{key}.{k}.overlap_mean_s.{g}") for g, v in over.items()})
             return out
 
         return cls(data["transport"], data["device"], W, data["fabric"], bw, fits(kinds_raw, "kinds"),
@@ -665,6 +718,9 @@ class Calibration:
                         f"us" if f.concurrent_s else "")
                 lag += (f"; lag +{', '.join(f'{v * 1e3:.0f}' for _, v in sorted(f.after_lag.items()))} us per ms "
                         f"computed after it" if f.after_lag else "")
+                lag += (f"; +{', '.join(f'{v * 1e3:.0f}' for _, v in sorted(f.overlap_slope.items()))} us per ms computed "
+                        f"over it beyond {', '.join(f'{v * 1e3:.1f}' for _, v in sorted(f.overlap_mean_s.items()))} ms"
+                        if f.overlap_slope else "")
                 lines.append(f"  {k + mode:<21} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms "
                              f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples{lag}")
         return "\n".join(lines)
@@ -678,6 +734,8 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
             | ({"spread_s": {str(g): v for g, v in sorted(f.spread_s.items())}} if f.spread_s else {})
             | ({"concurrent_s": {str(g): v for g, v in sorted(f.concurrent_s.items())}} if f.concurrent_s else {})
             | ({"after_lag": {str(g): v for g, v in sorted(f.after_lag.items())}} if f.after_lag else {})
+            | ({"overlap_slope": {str(g): v for g, v in sorted(f.overlap_slope.items())},
+                "overlap_mean_s": {str(g): v for g, v in sorted(f.overlap_mean_s.items())}} if f.overlap_slope else {})
             for k, f in fits.items()}
 
 

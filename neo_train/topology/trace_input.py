@@ -609,10 +609,12 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
     rank resumes after its end when it waited for it, in its blocking call or its wait (default:
     all at once). ``idle``: {collective key: the share of its time its ranks wait idle for it}
     (``trace_sim.idle_shares`` of an earlier simulation), which the factory and ``return_lags``
-    see as ``_idle`` in its entries, as they see ``_concurrent`` and ``_after`` (``compute_after``)."""
+    see as ``_idle`` in its entries, as they see ``_concurrent``, ``_after`` (``compute_after``) and
+    ``_over`` (``compute_over``)."""
     blocks, colls = rank_timelines(traces)
     concurrent = concurrent_collectives(blocks)
     after = compute_after(blocks)
+    over = compute_over(blocks)
     idle = idle or {}
     lags: dict[tuple, Mapping[int, float]] = {}
     phases: list[Phase] = []
@@ -625,9 +627,9 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         kind = _comm_name(e0)
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
         # the factory and the lags see how many others were in flight with it on a rank, its idle
-        # share and the compute after it
+        # share and the compute after and over it
         seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_idle", idle.get(key)),
-                                  ("_after", after.get(key))) if v}
+                                  ("_after", after.get(key)), ("_over", over.get(key))) if v}
         if seen:
             by_rank = {r: dict(e, **seen) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
@@ -698,6 +700,25 @@ def compute_after(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, float]:
             if b.kind == "wait" or b.sync:
                 for k in b.colls:
                     seen.setdefault(k, []).append(nxt.compute)
+    return {k: sum(v) / len(v) for k, v in seen.items()}
+
+
+def compute_over(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, float]:
+    """{key: seconds} for the asynchronous collectives something joined (a wait, or the backward's
+    end): the compute between the launch and that join (before each block in between and before
+    the join), the mean over its ranks. The longer the ranks compute over it, the later it ends
+    (``Calibration.latency``'s ``over_s``)."""
+    seen: dict[tuple, list[float]] = {}
+    for mine in blocks.values():
+        for i, b in enumerate(mine):
+            if b.kind != "call" or b.sync:
+                continue
+            key, total = b.colls[0], 0.0
+            for nxt in mine[i + 1:]:
+                total += nxt.compute
+                if nxt.kind == "wait" and key in nxt.colls:
+                    seen.setdefault(key, []).append(total)
+                    break
     return {k: sum(v) / len(v) for k, v in seen.items()}
 
 

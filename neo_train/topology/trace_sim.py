@@ -169,7 +169,9 @@ def calibrated_collectives(cal: Calibration):
     it has one (``Calibration.async_kinds``: a busy calibration's), and what company in flight
     with it adds (``_concurrent`` in its entries, ``trace_input.concurrent_collectives``); for the
     share of its time its ranks wait idle for it (``_idle`` in its entries, ``idle_shares``), the
-    blocking fit, less the launch's recorded time, the mean over the ranks' (``Calibration.latency``)."""
+    blocking fit, less the launch's recorded time, the mean over the ranks' (``Calibration.latency``);
+    the asynchronous share grows with the compute its ranks do over it beyond the calibration's
+    (``_over``, ``trace_input.compute_over``; ``KindFit.overlap_slope``)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -184,7 +186,8 @@ def calibrated_collectives(cal: Calibration):
         launch = statistics.fmean(float(e.get("issue_ns", e.get("call_ns")) or 0) for e in by_rank.values()) / 1e9 \
             if asy else 0.0  # the launch up to the issue, where the simulator starts it
         lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")),
-                                                     idle=idle, launch_s=launch), after)
+                                                     idle=idle, launch_s=launch, over_s=float(e0.get("_over", 0.0))),
+                      after)
         comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy,
                         idle=idle)
         return [lat, comm], comm.name
