@@ -544,8 +544,9 @@ class Calibration:
             if group_size not in fit.latency_s:
                 raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
                                        f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
-            total += w * (fit.latency_s[group_size] + (fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0)
-                          + fit.overlap_slope.get(group_size, 0.0) * max(0.0, over_s - fit.overlap_mean_s.get(group_size, 0.0)))
+            company = fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0
+            over = max(0.0, over_s - fit.overlap_mean_s.get(group_size, 0.0))  # the blocking fit has no slope: 0
+            total += w * (fit.latency_s[group_size] + company + fit.overlap_slope.get(group_size, 0.0) * over)
         if len(mix) == 2:  # the blocking fit mixed in
             total = max(0.0, total - mix[1][0] * launch_s)
         return total
