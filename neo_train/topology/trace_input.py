@@ -710,15 +710,15 @@ def compute_over(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, float]:
     (``Calibration.latency``'s ``over_s``)."""
     seen: dict[tuple, list[float]] = {}
     for mine in blocks.values():
-        for i, b in enumerate(mine):
-            if b.kind != "call" or b.sync:
-                continue
-            key, total = b.colls[0], 0.0
-            for nxt in mine[i + 1:]:
-                total += nxt.compute
-                if nxt.kind == "wait" and key in nxt.colls:
-                    seen.setdefault(key, []).append(total)
-                    break
+        computed, at_launch = 0.0, {}  # the rank's compute so far; at each open launch's end
+        for b in mine:
+            computed += b.compute
+            if b.kind == "call" and not b.sync:
+                at_launch[b.colls[0]] = computed
+            elif b.kind == "wait":
+                for k in b.colls:
+                    if k in at_launch:
+                        seen.setdefault(k, []).append(computed - at_launch.pop(k))
     return {k: sum(v) / len(v) for k, v in seen.items()}
 
 
