@@ -1092,6 +1092,53 @@ def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(
     assert res.wall_seconds > runs[-1].wall_seconds
 
 
+def test_a_rank_blocked_in_another_call_frees_its_core_for_a_collective_in_flight(tmp_path, monkeypatch):
+    """Both ranks launch an asynchronous all-reduce (0.1 ms; it runs 0.1 - 3.1 ms on its 3 ms
+    asynchronous fit), compute 0.5 ms, block in an all-to-all (0.6 - 1.6 ms), compute 0.5 ms and
+    wait for the all-reduce (2.1 - 3.1 ms). Their own waits give it an idle share of 1/3; the
+    blocked millisecond counts ``blocked`` of itself on top (half: 1/2). ``simulate_calibrated``
+    counts it with ``BLOCKED_IDLE`` only where the calibration says its host had a core for each
+    rank (``Calibration.core_per_rank``: meta's cpus, CPU only)."""
+    from neo_train.topology import trace_sim
+    from neo_train.topology.trace_sim import BLOCKED_IDLE, idle_shares, simulate_calibrated
+
+    d = tmp_path / "tr"
+    d.mkdir()
+    for r in (0, 1):
+        es = [_entry("all_reduce", 1, 0, None, MS // 10, step=0, lead=0, async_op=True, wait=("wait", 2, MS // 2, MS)),
+              _entry("all_to_allv", 0, 1, MS // 2, MS, step=0)]
+        (d / f"trace_rank{r}.json").write_text(json.dumps(es))
+    traces = load_trace(d)
+    cal = _cal()
+    cal.async_kinds = {"all_reduce": KindFit({2: 3e-3}, 1e-9)}
+    tl = timeline_phases(traces, calibrated_collectives(cal))
+    res = simulate(tl.phases, cal.network())
+    end = {p.name: p.end * 1e3 for p in res.phases}
+    assert [end[n] for n in tl.nodes[(0, 1)]] == pytest.approx([0.6, 1.6])  # the blocking all-to-all
+    assert [end[n] for n in tl.nodes[(0, 2)]] == pytest.approx([2.1, 3.1])  # the wait
+    shares = lambda blocked: {tl.colls[k][0]["comms"]: v for k, v in idle_shares(tl, res, blocked).items()}
+    assert shares(0.0) == pytest.approx({"all_reduce": 1 / 3})
+    assert shares(0.5) == pytest.approx({"all_reduce": 1 / 2})
+    assert shares(1.0) == pytest.approx({"all_reduce": 2 / 3})
+    # which weight the simulation uses: the calibrated host's cores against its ranks
+    seen = []
+    real = trace_sim.idle_shares
+    monkeypatch.setattr(trace_sim, "idle_shares", lambda t, r, blocked=0.0: seen.append(blocked) or real(t, r, blocked))
+    for meta, device, want in (({}, "cpu", 0.0), ({"cpus": 1}, "cpu", 0.0), ({"cpus": 2}, "cpu", BLOCKED_IDLE),
+                               ({"cpus": 64}, "cuda", 0.0)):
+        cal.meta, cal.device, seen[:] = meta, device, []
+        assert cal.core_per_rank == (want > 0)
+        simulate_calibrated(traces, cal, passes=2)
+        assert seen == [want]
+    # and it moves the collective: more of it on the (here faster) blocking fit
+    cal.meta, cal.device = {"cpus": 2}, "cpu"
+    tl2, res2, _ = simulate_calibrated(traces, cal, passes=2)
+    cal.meta = {}
+    tl0, res0, _ = simulate_calibrated(traces, cal, passes=2)
+    wait_end = lambda t, r: {p.name: p.end for p in r.phases}[t.nodes[(0, 2)][1]]
+    assert wait_end(tl2, res2) < wait_end(tl0, res0)
+
+
 # ---- the command line: errors name the file, rank and field -------------------------------------
 
 def _cli(argv, capsys):

@@ -494,6 +494,15 @@ class Calibration:
     def devices_per_host(self) -> int:
         return self.world_size if self.fabric == "shared" else 1
 
+    @property
+    def core_per_rank(self) -> bool:
+        """Whether the calibrated host had a CPU core for each rank (``meta['cpus']``, the
+        calibrating host's, against the world size): there a rank blocked in one collective frees
+        its core for the transports of the others it has in flight (``trace_sim.idle_shares``).
+        False where the file does not say, and on a GPU, whose transport is not the host's cores."""
+        cpus = self.meta.get("cpus")
+        return self.device == "cpu" and isinstance(cpus, int) and cpus >= self.world_size
+
     def _where(self) -> str:
         return f"calibration {self.source}" if self.source else "calibration"
 

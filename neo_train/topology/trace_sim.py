@@ -234,24 +234,38 @@ about a fifth to a third as much as the one before)."""
 IDLE_TOLERANCE = 0.02
 
 
-def idle_shares(tl: Timeline, res: SimResult) -> dict[tuple, float]:
+def idle_shares(tl: Timeline, res: SimResult, blocked: float = 0.0) -> dict[tuple, float]:
     """{key: share} for the asynchronous collectives of a simulated timeline: the share of the
     collective's time (from its last rank's launch, where its first phase starts, to its end) that its
     ranks spent waiting for it, each in its own wait, summed over the ranks and divided by the
     group's size times that time (one joined by a backward: the ranks' waits at the backward's end).
-    A rank waiting for another collective, or computing, is busy: its core serves that work (a wait
-    on a collective in flight keeps its transport's threads running). Blocking calls have none:
-    the blocking fit is theirs."""
+    A rank computing, or waiting for another asynchronous collective, is busy: its core serves that
+    work (a wait on a collective in flight keeps its transport's threads running). A rank blocked in
+    another collective's call between this one's launch and its join counts ``blocked`` of that time
+    (``BLOCKED_IDLE`` where the host had a core for each rank, ``simulate_calibrated``: the freed
+    core serves both transports; 0 elsewhere, where other ranks' compute takes it). Blocking calls
+    have no share: the blocking fit is theirs."""
     end = {p.name: p.end for p in res.phases}
     start = {p.name: p.start for p in res.phases}
-    waits: dict[tuple, list[tuple[float, float]]] = {}
+    waits: dict[tuple, list[tuple[float, float, float]]] = {}  # (from, to, weight) per rank interval
     for rank, blocks in tl.blocks.items():
+        joined: dict[tuple, int] = {}
         for b in blocks:
-            if b.kind != "wait":
-                continue
+            if b.kind == "wait":
+                for k in b.colls:
+                    joined.setdefault(k, b.order)
+        open_at: dict[tuple, int] = {}  # the rank's asynchronous collectives launched so far
+        for b in blocks:
             a, z = tl.nodes[(rank, b.order)]
-            for k in b.colls:
-                waits.setdefault(k, []).append((end[a], end[z]))
+            if b.kind == "wait":
+                for k in b.colls:
+                    waits.setdefault(k, []).append((end[a], end[z], 1.0))
+            elif not b.sync:
+                open_at[b.colls[0]] = b.order
+            elif blocked > 0 and b.colls[0] not in tl.local:
+                for k, launched in open_at.items():
+                    if launched < b.order < joined.get(k, -1):
+                        waits.setdefault(k, []).append((end[a], end[z], blocked))
     out: dict[tuple, float] = {}
     for key, by_rank in tl.colls.items():
         if key in tl.local or key not in waits or not by_rank[min(by_rank)].get("async"):
@@ -260,11 +274,21 @@ def idle_shares(tl: Timeline, res: SimResult) -> dict[tuple, float]:
         t0, t1 = start[tl.comm_start[key]], end[comm]
         if t1 <= t0:
             continue
-        spent = sum(max(0.0, min(z, t1) - max(a, t0)) for a, z in waits[key])
+        spent = sum(w * max(0.0, min(z, t1) - max(a, t0)) for a, z, w in waits[key])
         share = min(1.0, spent / (len(by_rank) * (t1 - t0)))
         if share > 0:
             out[key] = share
     return out
+
+
+BLOCKED_IDLE = 0.5
+"""``idle_shares``' weight of the time a rank spends blocked in another collective's call while an
+asynchronous collective of its is in flight, on a host with a core for each rank
+(``Calibration.core_per_rank``): the core the blocked rank frees serves the two collectives'
+transports, half each. On the validation's W = 2 traces it moved TWRW's bucket, launched just before
+the backward's blocking node-local all-gather, from +0 to +46 % (weight 0) or −6 to −28 % (weight 1)
+to −15 to +18 %, and gained rows on five runs of six, losing none (notes/sim_validation.md,
+"2026-11-25, session 26"); counted at W = 3, 4 (more ranks than cores) it lost rows."""
 
 
 def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: int = 0, passes: int = IDLE_PASSES,
@@ -284,7 +308,7 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
         wall += res.wall_seconds
         if n == passes:
             break
-        new = idle_shares(tl, res)
+        new = idle_shares(tl, res, BLOCKED_IDLE if cal.core_per_rank else 0.0)
         if all(abs(new.get(k, 0.0) - idle.get(k, 0.0)) <= IDLE_TOLERANCE for k in set(new) | set(idle)):
             break
         idle = new
