@@ -77,7 +77,10 @@ spread and byte factor mixed in proportion); the share comes from the simulated 
 moves, so ``trace_sim.simulate_calibrated`` simulates again with the last pass's shares until they
 settle. With the asynchronous fit alone, TW's output dists, which the ranks holding fewer tables
 wait for while the others still look theirs up, came out 25 - 32 % long at every W
-(notes/sim_validation.md, "2026-11-24, idle ranks").
+(notes/sim_validation.md, "2026-11-24, idle ranks"). Where the host has a core for each rank
+(``Calibration.core_per_rank``), a rank blocked in another collective's call while one is in flight
+frees its core for both transports, and half that time counts as idle for the one in flight
+(``trace_sim.BLOCKED_IDLE``; notes/sim_validation.md, "2026-11-25, session 26").
 
 Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job, the
 others waiting; busy: the job cut into disjoint groups of that size running side by side, as a
