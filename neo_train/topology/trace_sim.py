@@ -249,23 +249,20 @@ def idle_shares(tl: Timeline, res: SimResult, blocked: float = 0.0) -> dict[tupl
     start = {p.name: p.start for p in res.phases}
     waits: dict[tuple, list[tuple[float, float, float]]] = {}  # (from, to, weight) per rank interval
     for rank, blocks in tl.blocks.items():
-        joined: dict[tuple, int] = {}
-        for b in blocks:
-            if b.kind == "wait":
-                for k in b.colls:
-                    joined.setdefault(k, b.order)
-        open_at: dict[tuple, int] = {}  # the rank's asynchronous collectives launched so far
+        joined = {k for b in blocks if b.kind == "wait" for k in b.colls}
+        in_flight: dict[tuple, None] = {}  # launched on this rank, not yet joined, in launch order
         for b in blocks:
             a, z = tl.nodes[(rank, b.order)]
             if b.kind == "wait":
                 for k in b.colls:
                     waits.setdefault(k, []).append((end[a], end[z], 1.0))
+                    in_flight.pop(k, None)
             elif not b.sync:
-                open_at[b.colls[0]] = b.order
+                if b.colls[0] in joined:  # one this rank never joins has no share here
+                    in_flight[b.colls[0]] = None
             elif blocked > 0 and b.colls[0] not in tl.local:
-                for k, launched in open_at.items():
-                    if launched < b.order < joined.get(k, -1):
-                        waits.setdefault(k, []).append((end[a], end[z], blocked))
+                for k in in_flight:
+                    waits.setdefault(k, []).append((end[a], end[z], blocked))
     out: dict[tuple, float] = {}
     for key, by_rank in tl.colls.items():
         if key in tl.local or key not in waits or not by_rank[min(by_rank)].get("async"):
