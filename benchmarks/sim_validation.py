@@ -227,15 +227,16 @@ def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> 
     return [c for c in collectives if c["n"] >= steady_steps]
 
 
-def predict(case: dict[str, Any], cal, warmup: int) -> dict[str, Any]:
-    """``neo-train simulate --trace --calibration``'s computation on one recorded case."""
+def predict(case: dict[str, Any], cal, warmup: int, free_core: bool = False) -> dict[str, Any]:
+    """``neo-train simulate --trace --calibration``'s computation on one recorded case (``free_core``:
+    its ``--free-core``)."""
     from neo_train.topology.trace_input import load_trace, trace_transports
     from neo_train.topology.trace_sim import simulate_calibrated, validate_timeline
 
     traces = load_trace(case["trace"])
     cal.check_for(case["W"], trace_transports(traces), f"trace {case['trace']}")
     t1 = time.perf_counter()
-    tl, res, passes = simulate_calibrated(traces, cal)
+    tl, res, passes = simulate_calibrated(traces, cal, free_core=free_core)
     sim_s = time.perf_counter() - t1
     val = validate_timeline(tl, res, warmup)
     s = val.summary()
@@ -592,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     baseline: list[dict[str, Any]] = []  # the same calibrations with the ranks resuming together
+    free_rows: list[dict[str, Any]] = []  # the same with the free core option (differs only at a core per rank)
     cals: dict[str, Any] = {}
     for W in sorted({c[0] for c in cases}):
         # record this W's runs, then calibrate its transport: idle, and busy at the runs' duty cycle
@@ -632,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 baseline.append(merge_repeats([c | predict(c, together, warmup) for c in mine])
                                 | {"calibration": f"{name}, together"})
+                free_rows.append((merge_repeats([c | predict(c, cal, warmup, free_core=True) for c in mine])
+                                  if cal.core_per_rank else row) | {"calibration": f"{name}, free core"})
                 each = (" (each recording: " + ", ".join(f"{x['step_mean_error']:+.1%}" for x in row["repeats"]) + ")"
                         if repeats > 1 else "")
                 print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_mean_ms']:7.2f} ms measured, "
@@ -669,8 +673,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{c.get('predicted_blocked_mean_s', c['predicted_blocked_s']) * 1e3:7.3f}{net}")
     print("\nper calibration and W: steps within the goal, median over cases of the step error, collective rows within the goal "
           "and within it widened by twice the launches' standard error ('together': the same calibration without "
-          "return lags, the ranks resuming together)")
-    for label, W, within, n, med, cw, cn, cnoise in summary_by_world(rows + baseline):
+          "return lags, the ranks resuming together; 'free core': with simulate --free-core, which moves only "
+          "where the host has a core per rank)")
+    for label, W, within, n, med, cw, cn, cnoise in summary_by_world(rows + baseline + free_rows):
         print(f"  {label:<14} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
               f"{cw:>3}/{cn}" + (f"   with the launches' error {cnoise:>3}/{cn}" if repeats > 1 else ""))
     total = time.perf_counter() - t_start
@@ -681,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
                        "quick": args.quick, "repeats": repeats, "judged": JUDGED},
               "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
-              "rows": rows, "baseline_rows": baseline, "seconds": total}
+              "rows": rows, "baseline_rows": baseline, "free_core_rows": free_rows, "seconds": total}
     write_outputs(report, args.json, args.png, write_png)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -1139,6 +1140,49 @@ def test_a_rank_blocked_in_another_call_frees_its_core_for_a_collective_in_fligh
     assert wait_end(tl2, res2) < wait_end(tl0, res0)
 
 
+def test_free_core_time_ends_an_all_reduce_starved_while_its_ranks_compute(tmp_path):
+    """``simulate_calibrated(free_core=True)``: at a core per rank an asynchronous all-reduce ends
+    once its ranks have left it the blocking fit's latency (2 ms, less the 0.1 ms launch) of free
+    core time. Both ranks launch it (0 - 0.1 ms), compute 0.5 ms, block in an all-to-all (0.6 -
+    1.6 ms: a freed core at half rate, its own transport takes the rest), compute 0.5 ms and wait
+    for it (from 2.1 ms: rate 1 until it ends). 0.5 ms of free time by 1.6 ms, 1.4 more from 2.1
+    ms: it ends at 3.5 ms, where the asynchronous fit (8 ms, mixed with the blocking one by the
+    idle share) ends it at 4.1. Off by default, and off where the host had fewer cores than ranks."""
+    from neo_train.topology.trace_sim import free_core_latency, free_core_times, simulate_calibrated
+
+    d = tmp_path / "tr"
+    d.mkdir()
+    for r in (0, 1):
+        es = [_entry("all_reduce", 1, 0, None, MS // 10, step=0, lead=0, async_op=True, wait=("wait", 2, MS // 2, MS)),
+              _entry("all_to_allv", 0, 1, MS // 2, MS, step=0)]
+        (d / f"trace_rank{r}.json").write_text(json.dumps(es))
+    traces = load_trace(d)
+    cal = _cal()
+    cal.async_kinds = {"all_reduce": KindFit({2: 8e-3}, 1e-9)}
+    cal.meta = {"cpus": 2}
+    tl = timeline_phases(traces, calibrated_collectives(cal))
+    res = simulate(tl.phases, cal.network())
+    (name, segs), = free_core_times(tl, res).items()
+    assert name.startswith("all_reduce")
+    assert [s[:2] for s in segs] == [pytest.approx((0.5e-3, 1.5e-3)), (pytest.approx(2e-3), math.inf)]
+    assert [s[2] for s in segs] == [0.5, 1.0]
+    assert free_core_latency(segs, 1.9e-3) == pytest.approx(3.4e-3)
+    assert free_core_latency(segs, 0.3e-3) == pytest.approx(1.1e-3)
+    assert free_core_latency(segs, 0.0) == 0.0
+    assert free_core_latency(segs[:1], 1.9e-3) == math.inf
+
+    def ends(**kw):
+        tl, res, _ = simulate_calibrated(traces, cal, **kw)
+        end = {p.name: p.end * 1e3 for p in res.phases}
+        return {tl.colls[k][0]["comms"]: end[v] for k, v in tl.comm_end.items()}
+
+    model = ends()
+    assert model["all_reduce"] > 4.0 and model["all_to_allv"] == pytest.approx(1.6)
+    assert ends(free_core=True) == {"all_reduce": pytest.approx(3.5), "all_to_allv": pytest.approx(1.6)}
+    cal.meta = {"cpus": 1}
+    assert ends(free_core=True) == ends()
+
+
 # ---- the command line: errors name the file, rank and field -------------------------------------
 
 def _cli(argv, capsys):
@@ -1189,6 +1233,13 @@ def test_simulate_with_a_calibration_for_another_machine(tmp_path, capsys):
     rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok, "--warmup-steps", "0"], capsys)
     assert rc == 0, err
     assert "predicted vs measured, 1 steady steps" in out and "cluster: calibrated gloo/cpu, shared fabric" in out
+    # the free core option: with a calibration only
+    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok, "--warmup-steps", "0", "--free-core"], capsys)
+    assert rc == 0 and "predicted vs measured, 1 steady steps" in out, err
+    rc, out, err = _cli(["simulate", "--trace", tr, "--network", "flat", "--free-core"], capsys)
+    assert rc == 2 and "--free-core applies to --calibration" in err
+    rc, out, err = _cli(["simulate", "--nodes", "16", "--free-core"], capsys)
+    assert rc == 2 and "--free-core applies to --trace only" in err
 
 
 def test_traces_with_broken_timelines_are_named(tmp_path):
@@ -1244,6 +1295,14 @@ def test_benchmark_quick(tmp_path):
         b = base[(r["W"], r["plan"], r["mode"], r["calibration"] + ", together")]
         assert b["measured_step_ms"] == r["measured_step_ms"] and b["predicted_step_ms"] > 0
     assert "together" in proc.stdout
+    # and with the free core option, which moves predictions only where the host had a core per rank
+    free = {(r["W"], r["plan"], r["mode"], r["calibration"]): r for r in report["free_core_rows"]}
+    for r in report["rows"]:
+        f = free[(r["W"], r["plan"], r["mode"], r["calibration"] + ", free core")]
+        assert f["measured_step_ms"] == r["measured_step_ms"] and f["predicted_step_ms"] > 0
+        if r["W"] > (os.cpu_count() or 1):
+            assert f["predicted_step_ms"] == r["predicted_step_ms"]
+    assert "free core" in proc.stdout
 
 
 def test_benchmark_rejects_a_batch_size_below_one(capsys):

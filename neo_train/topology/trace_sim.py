@@ -52,7 +52,8 @@ from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, che
                           trace_phases, trace_load, trace_transports, trace_world_size)
 
 __all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
-           "calibrated_collectives", "calibrated_return_lags", "entry_sizes", "idle_shares", "simulate_calibrated"]
+           "calibrated_collectives", "calibrated_return_lags", "entry_sizes", "idle_shares", "simulate_calibrated",
+           "free_core_times", "free_core_latency"]
 
 
 WARMUP_STEPS = 5
@@ -72,6 +73,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: simulate on the calibrated model of the machine that recorded it (a file from "
                         "neo-train calibrate --nproc W --out FILE) and print predicted vs measured step and "
                         "collective times")
+    p.add_argument("--free-core", action="store_true",
+                   help="with --calibration: an asynchronous all-reduce on a host with a core per rank ends once its "
+                        "ranks have left it the blocking latency of free core time (an option: simulate_calibrated's "
+                        "free_core, notes/sim_validation.md, 2026-11-28)")
     p.add_argument("--warmup-steps", type=nonnegative_int, default=None,
                    help=f"with --trace and recorded compute: steps left out of predicted vs measured "
                         f"(default {WARMUP_STEPS})")
@@ -162,7 +167,7 @@ def _calibrated_kind(kind: str) -> str:
     return "all_to_allv" if kind == "all_to_all" else kind
 
 
-def calibrated_collectives(cal: Calibration):
+def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[float, float, float]]] | None = None):
     """A ``timeline_phases`` factory on the calibrated fabric: the kind's latency (a Compute: it
     holds no link) before its bytes on the fabric. An asynchronous collective (the trace's
     ``async``) takes the calibration's fit for collectives launched while the ranks compute, where
@@ -171,7 +176,10 @@ def calibrated_collectives(cal: Calibration):
     share of its time its ranks wait idle for it (``_idle`` in its entries, ``idle_shares``), the
     blocking fit, less the launch's recorded time, the mean over the ranks' (``Calibration.latency``);
     the asynchronous share grows with the compute its ranks do over it beyond the calibration's
-    (``_over``, ``trace_input.compute_over``; ``KindFit.overlap_slope``)."""
+    (``_over``, ``trace_input.compute_over``; ``KindFit.overlap_slope``). ``free``: the free core
+    time after each collective's start (``free_core_times``, by its Comm's name): an asynchronous
+    collective of ``FREE_CORE_KINDS`` ends once that time reaches the blocking fit's latency, less
+    the launch, where that is sooner than the above (``free_core_latency``)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -185,9 +193,11 @@ def calibrated_collectives(cal: Calibration):
         idle = float(e0.get("_idle", 0.0))
         launch = statistics.fmean(float(e.get("issue_ns", e.get("call_ns")) or 0) for e in by_rank.values()) / 1e9 \
             if asy else 0.0  # the launch up to the issue, where the simulator starts it
-        lat = Compute(f"latency:{name}", cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")),
-                                                     idle=idle, launch_s=launch, over_s=float(e0.get("_over", 0.0))),
-                      after)
+        seconds = cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")), idle=idle, launch_s=launch,
+                              over_s=float(e0.get("_over", 0.0)))
+        if asy and free and name in free and k in FREE_CORE_KINDS and k in cal.kinds:
+            seconds = min(seconds, free_core_latency(free[name], max(0.0, cal.kinds[k].latency_s[len(group)] - launch)))
+        lat = Compute(f"latency:{name}", seconds, after)
         comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy,
                         idle=idle)
         return [lat, comm], comm.name
@@ -288,27 +298,96 @@ to −15 to +18 %, and gained rows on five runs of six, losing none (notes/sim_v
 "2026-11-25, session 26"); counted at W = 3, 4 (more ranks than cores) it lost rows."""
 
 
+FREE_CORE_KINDS = ("all_reduce",)
+"""The kinds ``simulate_calibrated(free_core=True)`` gives free core time (``free_core_times``):
+DDP's bucket is the row it is for. Offline on runs FA and FB (the AMD EPYC VM) every asynchronous
+kind gave the same counts, with W = 2's all-to-alls 3 - 11 points shorter (notes/sim_validation.md,
+"2026-11-28, session 27")."""
+FREE_WAIT_OTHER = 1.0
+"""``free_core_times``' rate for a rank waiting for another asynchronous collective (0.5 on FA and FB
+gained nothing: notes/sim_validation.md, "2026-11-28, session 27")."""
+
+
+def free_core_times(tl: Timeline, res: SimResult, blocked: float = BLOCKED_IDLE
+                    ) -> dict[str, list[tuple[float, float, float]]]:
+    """{an asynchronous collective's Comm name: [(from, to, rate)]}: where its ranks' cores are free
+    of compute after its start (seconds from it), at what rate the freed core serves it; at each
+    instant the fastest of its ranks'. A rank waiting for it: rate 1, until the collective ends
+    (open: the wait lasts as long as it does); waiting for another asynchronous collective:
+    ``FREE_WAIT_OTHER``; blocked in another collective's call: ``blocked`` (its own transport takes
+    the rest; ``BLOCKED_IDLE``). Computing, or in a launch: none. From a simulated timeline, as
+    ``idle_shares``; read by ``calibrated_collectives`` (``free_core_latency``)."""
+    end = {p.name: p.end for p in res.phases}
+    start = {p.name: p.start for p in res.phases}
+    stops: dict[int, list[tuple[float, float, tuple, bool]]] = {}
+    for rank, blocks in tl.blocks.items():
+        stops[rank] = [(end[tl.nodes[(rank, b.order)][0]], end[tl.nodes[(rank, b.order)][1]], b.colls, b.sync)
+                       for b in blocks if b.kind == "wait" or (b.sync and b.colls[0] not in tl.local)]
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for key, by_rank in tl.colls.items():
+        if key in tl.local or not by_rank[min(by_rank)].get("async"):
+            continue
+        t0 = start[tl.comm_start[key]]
+        spans = [(max(a, t0) - t0, math.inf if key in colls else z - t0,
+                  1.0 if key in colls else blocked if sync else FREE_WAIT_OTHER)
+                 for r in by_rank for a, z, colls, sync in stops.get(r, []) if z > t0 or key in colls]
+        cuts = sorted({x for a, z, _ in spans for x in (a, z)})
+        segs = []
+        for a, z in zip(cuts, cuts[1:]):
+            rate = max((w for s0, s1, w in spans if s0 <= a and s1 >= z), default=0.0)
+            if rate > 0:
+                segs.append((a, z, rate))
+        out[tl.comm_end[key]] = segs
+    return out
+
+
+def free_core_latency(segments: Sequence[tuple[float, float, float]], need: float) -> float:
+    """Seconds from a collective's start until ``segments`` (``free_core_times``) have given it
+    ``need`` seconds of a core, and at least ``need``; inf where they never do."""
+    if need <= 0:
+        return 0.0
+    for a, z, rate in segments:
+        if (z - a) * rate >= need:
+            return max(need, a + need / rate)
+        need -= (z - a) * rate
+    return math.inf
+
+
 def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: int = 0, passes: int = IDLE_PASSES,
-                        **simulate_kw: Any) -> tuple[Timeline, SimResult, int]:
+                        free_core: bool = False, **simulate_kw: Any) -> tuple[Timeline, SimResult, int]:
     """The trace's per-rank chains on the calibrated fabric, with return lags (``seed``), simulated
     until the idle shares settle (``idle_shares``, ``IDLE_PASSES``): (timeline, result, passes run).
     An asynchronous collective costs what the calibration's asynchronous fit says while its ranks
     compute, and what the blocking fit says while they wait idle for it; which it is depends on
     the simulated schedule, so the shares of one pass set the costs of the next. The result's
-    ``wall_seconds`` is what all the passes took."""
-    factory, net = calibrated_collectives(cal), cal.network()
+    ``wall_seconds`` is what all the passes took.
+
+    ``free_core`` (an option, off by default; where the calibrated host had a core for each rank,
+    ``Calibration.core_per_rank``): a transport there is starved while its ranks compute (a W = 2
+    all-reduce under any compute completes once the compute ends; notes/sim_validation.md,
+    "2026-11-28, session 27"), so an asynchronous all-reduce ends once its ranks' free core time
+    (``free_core_times``, of the pass before) reaches the blocking fit's latency, where that is
+    sooner than the model above. Offline on two runs of the AMD EPYC VM it moved W = 2's DDP bucket
+    from +5 to +35 % to −8 to +32 % (rows 106 -> 108, 109 -> 110); not the default until checked on
+    the Intel host's runs, where that bucket was −4 to +22 %."""
+    net = cal.network()
+    free_core = free_core and cal.core_per_rank
     idle: dict[tuple, float] = {}
+    free: dict[str, list[tuple[float, float, float]]] = {}
     wall = 0.0
     for n in range(1, max(1, passes) + 1):
-        tl = timeline_phases(traces, factory, calibrated_return_lags(cal, seed), idle)  # the same draws each pass
+        tl = timeline_phases(traces, calibrated_collectives(cal, free), calibrated_return_lags(cal, seed),
+                             idle)  # the same draws each pass
         res = simulate(tl.phases, net, **simulate_kw)
         wall += res.wall_seconds
         if n == passes:
             break
         new = idle_shares(tl, res, BLOCKED_IDLE if cal.core_per_rank else 0.0)
-        if all(abs(new.get(k, 0.0) - idle.get(k, 0.0)) <= IDLE_TOLERANCE for k in set(new) | set(idle)):
+        new_free = free_core_times(tl, res) if free_core else {}
+        if new_free == free and all(abs(new.get(k, 0.0) - idle.get(k, 0.0)) <= IDLE_TOLERANCE
+                                    for k in set(new) | set(idle)):
             break
-        idle = new
+        idle, free = new, new_free
     return tl, dataclasses.replace(res, wall_seconds=wall), n
 
 
@@ -499,6 +578,8 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
     world = trace_world_size(traces)
     check_compute_markers(trace_markers(traces), compute, "--compute")
     calibration = getattr(args, "calibration", None)
+    if getattr(args, "free_core", False) and not calibration:
+        raise ValueError("--free-core applies to --calibration (the calibrated model of the recording machine)")
     cal = Calibration.load(calibration) if calibration else None
     if cal is not None:
         cal.check_for(world, trace_transports(traces), f"trace {args.trace}")
@@ -559,7 +640,7 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
                   f"FILE; its ranks' own share is in the file's meta)")
         if cal is not None:
             tl, res, passes = simulate_calibrated(traces, cal, aggregate=not args.exact, fast_forward=not args.exact,
-                                                  progress=True)
+                                                  progress=True, free_core=getattr(args, "free_core", False))
             print(f"simulated {passes} time(s), each with the asynchronous collectives' idle shares of the one "
                   f"before (simulate_calibrated)")
         else:
