@@ -1093,6 +1093,17 @@ def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(
     assert res.wall_seconds > runs[-1].wall_seconds
 
 
+def _launch_block_wait(d: Path):
+    """Both ranks: an asynchronous all-reduce launched (0.1 ms), 0.5 ms of compute, a blocking
+    all-to-all, 0.5 ms of compute, the all-reduce's wait."""
+    d.mkdir()
+    for r in (0, 1):
+        es = [_entry("all_reduce", 1, 0, None, MS // 10, step=0, lead=0, async_op=True, wait=("wait", 2, MS // 2, MS)),
+              _entry("all_to_allv", 0, 1, MS // 2, MS, step=0)]
+        (d / f"trace_rank{r}.json").write_text(json.dumps(es))
+    return load_trace(d)
+
+
 def test_a_rank_blocked_in_another_call_frees_its_core_for_a_collective_in_flight(tmp_path, monkeypatch):
     """Both ranks launch an asynchronous all-reduce (0.1 ms; it runs 0.1 - 3.1 ms on its 3 ms
     asynchronous fit), compute 0.5 ms, block in an all-to-all (0.6 - 1.6 ms), compute 0.5 ms and
@@ -1103,13 +1114,7 @@ def test_a_rank_blocked_in_another_call_frees_its_core_for_a_collective_in_fligh
     from neo_train.topology import trace_sim
     from neo_train.topology.trace_sim import BLOCKED_IDLE, idle_shares, simulate_calibrated
 
-    d = tmp_path / "tr"
-    d.mkdir()
-    for r in (0, 1):
-        es = [_entry("all_reduce", 1, 0, None, MS // 10, step=0, lead=0, async_op=True, wait=("wait", 2, MS // 2, MS)),
-              _entry("all_to_allv", 0, 1, MS // 2, MS, step=0)]
-        (d / f"trace_rank{r}.json").write_text(json.dumps(es))
-    traces = load_trace(d)
+    traces = _launch_block_wait(tmp_path / "tr")
     cal = _cal()
     cal.async_kinds = {"all_reduce": KindFit({2: 3e-3}, 1e-9)}
     tl = timeline_phases(traces, calibrated_collectives(cal))
@@ -1150,13 +1155,7 @@ def test_free_core_time_ends_an_all_reduce_starved_while_its_ranks_compute(tmp_p
     idle share) ends it at 4.1. Off by default, and off where the host had fewer cores than ranks."""
     from neo_train.topology.trace_sim import free_core_latency, free_core_times, simulate_calibrated
 
-    d = tmp_path / "tr"
-    d.mkdir()
-    for r in (0, 1):
-        es = [_entry("all_reduce", 1, 0, None, MS // 10, step=0, lead=0, async_op=True, wait=("wait", 2, MS // 2, MS)),
-              _entry("all_to_allv", 0, 1, MS // 2, MS, step=0)]
-        (d / f"trace_rank{r}.json").write_text(json.dumps(es))
-    traces = load_trace(d)
+    traces = _launch_block_wait(tmp_path / "tr")
     cal = _cal()
     cal.async_kinds = {"all_reduce": KindFit({2: 8e-3}, 1e-9)}
     cal.meta = {"cpus": 2}

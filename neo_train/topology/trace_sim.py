@@ -331,14 +331,20 @@ def free_core_times(tl: Timeline, res: SimResult, blocked: float = BLOCKED_IDLE
         spans = [(max(a, t0) - t0, math.inf if key in colls else z - t0,
                   1.0 if key in colls else blocked if sync else FREE_WAIT_OTHER)
                  for r in by_rank for a, z, colls, sync in stops.get(r, []) if z > t0 or key in colls]
-        cuts = sorted({x for a, z, _ in spans for x in (a, z)})
-        segs = []
-        for a, z in zip(cuts, cuts[1:]):
-            rate = max((w for s0, s1, w in spans if s0 <= a and s1 >= z), default=0.0)
-            if rate > 0:
-                segs.append((a, z, rate))
-        out[tl.comm_end[key]] = segs
+        out[tl.comm_end[key]] = _fastest(spans)
     return out
+
+
+def _fastest(spans: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """[(from, to, rate)] where any of ``spans`` (from, to, rate) covers, at the fastest rate of
+    those covering each piece, in order."""
+    cuts = sorted({x for a, z, _ in spans for x in (a, z)})
+    segs = []
+    for a, z in zip(cuts, cuts[1:]):
+        rate = max((w for s0, s1, w in spans if s0 <= a and s1 >= z), default=0.0)
+        if rate > 0:
+            segs.append((a, z, rate))
+    return segs
 
 
 def free_core_latency(segments: Sequence[tuple[float, float, float]], need: float) -> float:

@@ -40,13 +40,7 @@ def free_delays(tl, res):
         t0 = start[tl.comm_start[key]]
         spans = [(max(a, t0) - t0, z - t0, 1.0 if key in colls else BLOCK if sync else OTHER) for r in by_rank
                  for a, z, colls, sync in stops.get(r, []) if z > t0]
-        cuts = sorted({x for a, z, _ in spans for x in (a, z)})
-        segs = []  # (from, to, rate): the fastest rate of any rank's stop over each piece
-        for a, z in zip(cuts, cuts[1:]):
-            rate = max((w for s0, s1, w in spans if s0 <= a and s1 >= z), default=0.0)
-            if rate > 0:
-                segs.append((a, z, rate))
-        free[tl.comm_end[key]] = segs
+        free[tl.comm_end[key]] = ts._fastest(spans)  # the fastest rate of any rank's stop over each piece
     return free
 
 
@@ -79,7 +73,7 @@ def factory_for(cal):
     return make
 
 
-def simulate_calibrated(traces, cal, *, seed=0, passes=ts.IDLE_PASSES, **kw):
+def simulate_calibrated(traces, cal, *, seed=0, passes=ts.IDLE_PASSES, free_core=False, **kw):  # the built option: not this
     FREE.clear()
     idle, wall = {}, 0.0
     for n in range(1, max(1, passes) + 1):

@@ -3,6 +3,7 @@
 collective row's error, pooled over the launches; the last line counts the rows within +-25 %.
 
     python offline.py RUN_DIR                      # the working tree's model
+    FREE_CORE=1 python offline.py RUN_DIR          # with simulate --free-core (2026-11-28 on)
     ROOT=/tmp/old python offline.py RUN_DIR        # a checkout of an earlier commit (git worktree add)
 
 The variants in notes/sim_validation.md ("2026-11-24, idle ranks") were monkeypatches of
@@ -16,6 +17,8 @@ ROOT = os.environ.get("ROOT", "/work/main")
 sys.path[:0] = [ROOT, ROOT + "/benchmarks"]
 import sim_validation as sv  # noqa: E402
 from neo_train.topology.calibrate import Calibration, fit_calibration  # noqa: E402
+
+FREE_CORE = {"free_core": True} if os.environ.get("FREE_CORE") else {}  # the code before it has no such option
 
 
 def main() -> None:
@@ -33,7 +36,7 @@ def main() -> None:
     tot = ok = sok = 0
     for name, dirs in sorted(cases.items()):
         W, mode = int(name[1]), ("pipelined" if "pipelined" in name else "plain")
-        rows = [sv.predict({"trace": str(d), "W": W}, cals[(W, mode)], 4)
+        rows = [sv.predict({"trace": str(d), "W": W}, cals[(W, mode)], 4, **FREE_CORE)
                 | {"repeat": i, "trace": str(d), "trainer_step_ms": 0, "load_before": 0, "load_after": 0,
                    "run_wall_s": 0} for i, d in enumerate(dirs)]
         m = sv.merge_repeats(rows)
