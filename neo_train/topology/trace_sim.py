@@ -33,6 +33,7 @@ explicit --nodes must hold the ranks, else a ValueError naming the flags.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import math
 import statistics
@@ -310,27 +311,35 @@ gained nothing: notes/sim_validation.md, "2026-11-28, session 27")."""
 
 def free_core_times(tl: Timeline, res: SimResult, blocked: float = BLOCKED_IDLE
                     ) -> dict[str, list[tuple[float, float, float]]]:
-    """{an asynchronous collective's Comm name: [(from, to, rate)]}: where its ranks' cores are free
-    of compute after its start (seconds from it), at what rate the freed core serves it; at each
+    """{an asynchronous collective's Comm name (of ``FREE_CORE_KINDS``): [(from, to, rate)]}: where
+    its ranks' cores are free of compute after its start (seconds from it), at what rate the freed
+    core serves it; at each
     instant the fastest of its ranks'. A rank waiting for it: rate 1, until the collective ends
     (open: the wait lasts as long as it does); waiting for another asynchronous collective:
     ``FREE_WAIT_OTHER``; blocked in another collective's call: ``blocked`` (its own transport takes
     the rest; ``BLOCKED_IDLE``). Computing, or in a launch: none. From a simulated timeline, as
-    ``idle_shares``; read by ``calibrated_collectives`` (``free_core_latency``)."""
+    ``idle_shares``; read by ``calibrated_collectives`` (``free_core_latency``). A rank's stops after
+    its own wait are not looked at: that wait frees its core at the highest rate until the end."""
     end = {p.name: p.end for p in res.phases}
     start = {p.name: p.start for p in res.phases}
-    stops: dict[int, list[tuple[float, float, tuple, bool]]] = {}
+    stops: dict[int, list[tuple[float, float, tuple, bool]]] = {}  # per rank, in time order
     for rank, blocks in tl.blocks.items():
         stops[rank] = [(end[tl.nodes[(rank, b.order)][0]], end[tl.nodes[(rank, b.order)][1]], b.colls, b.sync)
                        for b in blocks if b.kind == "wait" or (b.sync and b.colls[0] not in tl.local)]
+    stop_ends = {r: [z for _, z, _, _ in v] for r, v in stops.items()}
     out: dict[str, list[tuple[float, float, float]]] = {}
     for key, by_rank in tl.colls.items():
-        if key in tl.local or not by_rank[min(by_rank)].get("async"):
+        e0 = by_rank[min(by_rank)]
+        if key in tl.local or not e0.get("async") or _calibrated_kind(_comm_name(e0)) not in FREE_CORE_KINDS:
             continue
         t0 = start[tl.comm_start[key]]
-        spans = [(max(a, t0) - t0, math.inf if key in colls else z - t0,
-                  1.0 if key in colls else blocked if sync else FREE_WAIT_OTHER)
-                 for r in by_rank for a, z, colls, sync in stops.get(r, []) if z > t0 or key in colls]
+        spans = []
+        for r in by_rank:  # its stops from the collective's start up to its own wait, which is open
+            for a, z, colls, sync in stops.get(r, [])[bisect.bisect_right(stop_ends.get(r, []), t0):]:
+                if key in colls:
+                    spans.append((max(a, t0) - t0, math.inf, 1.0))
+                    break
+                spans.append((max(a, t0) - t0, z - t0, blocked if sync else FREE_WAIT_OTHER))
         out[tl.comm_end[key]] = _fastest(spans)
     return out
 
@@ -373,9 +382,9 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     all-reduce under any compute completes once the compute ends; notes/sim_validation.md,
     "2026-11-28, session 27"), so an asynchronous all-reduce ends once its ranks' free core time
     (``free_core_times``, of the pass before) reaches the blocking fit's latency, where that is
-    sooner than the model above. Offline on two runs of the AMD EPYC VM it moved W = 2's DDP bucket
-    from +5 to +35 % to −8 to +32 % (rows 106 -> 108, 109 -> 110); not the default until checked on
-    the Intel host's runs, where that bucket was −4 to +22 %."""
+    sooner than the model above. On three runs of the AMD EPYC VM it moved W = 2's DDP bucket from
+    +5 to +46 % to −11 to +32 % (rows 106 -> 108 and 109 -> 110 offline, 109 -> 111 in a fresh run);
+    not the default until checked on the Intel host's runs, where that bucket was −4 to +22 %."""
     net = cal.network()
     free_core = free_core and cal.core_per_rank
     idle: dict[tuple, float] = {}
