@@ -4,6 +4,7 @@ time and per-collective time of real gloo training runs on this machine.
     python benchmarks/sim_validation.py                     # W = 2, 3, 4 x TW, RW, TWRW, mixed x 2 modes (~22 min on 2 cores)
     python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
+    python benchmarks/sim_validation.py --rescore out/sv --json again.json   # a kept run, today's model (``rescore``)
 
 For each world size W (gloo ranks on this host, one torch thread each):
 
@@ -89,8 +90,10 @@ each collective every step runs.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -520,6 +523,181 @@ def write_png(path: str, report: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def judge(W: int, cases: list[tuple[int, str, str]], cases_w: list[dict[str, Any]], jobs: list[tuple], warmup: int,
+          repeats: int, rows: list, baseline: list, free_rows: list, cals: dict[str, Any]) -> None:
+    """Predict this W's recorded cases (``cases_w``, ``record``'s rows) with each calibration of
+    ``jobs`` ((label, the mode whose runs it predicts or None for all, calibration, busy_s,
+    overlap_s, what to print beside it)), print a line per case and append the merged rows: the
+    model to ``rows``, the ranks resuming together to ``baseline``, the free core option to
+    ``free_rows``."""
+    for name, mode, cal, busy_s, overlap_s, shown in jobs:
+        cals[f"{W}:{name}" + (f":{mode}" if mode else "")] = cal
+        print(f"[{name}{shown}] {cal.table()}", flush=True)
+        together = ranks_together(cal)
+        for w, p, m in cases:
+            if w != W or mode not in (None, m):
+                continue
+            mine = [dict(c, calibration=name, busy_s=busy_s, overlap_s=overlap_s)
+                    for c in cases_w if (c["plan"], c["mode"]) == (p, m)]
+            row = merge_repeats([c | predict(c, cal, warmup) for c in mine])
+            rows.append(row)
+            baseline.append(merge_repeats([c | predict(c, together, warmup) for c in mine])
+                            | {"calibration": f"{name}, together"})
+            free_rows.append((merge_repeats([c | predict(c, cal, warmup, free_core=True) for c in mine])
+                              if cal.core_per_rank else row) | {"calibration": f"{name}, free core"})
+            each = (" (each recording: " + ", ".join(f"{x['step_mean_error']:+.1%}" for x in row["repeats"]) + ")"
+                    if repeats > 1 else "")
+            print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_mean_ms']:7.2f} ms measured, "
+                  f"{row['predicted_step_mean_ms']:7.2f} predicted ({row['step_mean_error']:+6.1%}; median "
+                  f"{row['step_error']:+6.1%}){each}; worst collective {row['worst_collective_error']:6.1%}",
+                  flush=True)
+
+
+def _num(x: float, fmt: str) -> str:
+    """``x`` formatted, or '-' where it is not known (NaN: a rescored run kept without ``RECORDED``)."""
+    return format(x, fmt) if math.isfinite(x) else "-".rjust(len(format(0.0, fmt)))
+
+
+def print_report(rows: list, baseline: list, free_rows: list, repeats: int) -> None:
+    """The tables after the cases: per case, per collective, per calibration and W."""
+    print(f"\npredicted vs measured (means over steady steps, judged; the medians' error beside; 'coll' = the worst "
+          f"per-collective error of those every step runs, on means; goals: step +-{STEP_GOAL:.0%}, collective "
+          f"+-{COLL_GOAL:.0%})")
+    print(f"{'W':>2} {'plan':<5} {'mode':<9} {'calib':<5} {'meas ms':>8} {'pred ms':>8} {'step err':>8} {'median':>8} "
+          f"{'coll':>7} {'in 25%':>6} {'trainer ms':>10} {'load':>9} verdict")
+    for r in rows:
+        verdict = "PASS" if r["step_ok"] and r["collectives_ok"] else (
+            "step ok, collective FAIL" if r["step_ok"] else "FAIL")
+        print(f"{r['W']:>2} {r['plan']:<5} {r['mode']:<9} {r['calibration']:<5} {r['measured_step_mean_ms']:8.2f} "
+              f"{r['predicted_step_mean_ms']:8.2f} {r['step_mean_error']:+8.1%} {r['step_error']:+8.1%} "
+              f"{r['worst_collective_error']:7.1%} {'%d/%d' % tuple(r['collectives_within_goal']):>6} "
+              f"{_num(r['trainer_step_ms'], '10.2f')} {_num(r['load_before'], '4.1f')}-"
+              f"{_num(r['load_after'], '<4.1f')} {verdict}")
+    print("\nper collective, ms, measured / predicted: took (issue to done, as the rank saw it), its mean and its "
+          "error (judged), the launches' standard error of that measured mean, its median and that error; blocked "
+          "(the rank waiting in it, mean); net (the last rank's call to the collective's end, median: the network "
+          "model's own part, where the run shows it)")
+    for r in rows:
+        print(f"W={r['W']} {r['plan']} {r['mode']} ({r['calibration']} calibration):")
+        for c in r["collectives"]:
+            net = (f"   net {c['measured_net_s'] * 1e3:7.3f} / {c['predicted_net_s'] * 1e3:7.3f}"
+                   if c.get("measured_net_s") is not None else "")
+            print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} "
+                  f"{c.get('measured_mean_s', c['measured_s']) * 1e3:8.3f} / "
+                  f"{c.get('predicted_mean_s', c['predicted_s']) * 1e3:8.3f} {c['error']:+7.1%}"
+                  + (f" launches +-{c['launch_error']:5.1%}" if c.get("launch_error") is not None else "") + "   median "
+                  f"{c['measured_s'] * 1e3:7.3f} / {c['predicted_s'] * 1e3:7.3f} {c['median_error']:+7.1%}   blocked "
+                  f"{c.get('measured_blocked_mean_s', c['measured_blocked_s']) * 1e3:7.3f} / "
+                  f"{c.get('predicted_blocked_mean_s', c['predicted_blocked_s']) * 1e3:7.3f}{net}")
+    print("\nper calibration and W: steps within the goal, median over cases of the step error, collective rows within the goal "
+          "and within it widened by twice the launches' standard error ('together': the same calibration without "
+          "return lags, the ranks resuming together; 'free core': with simulate --free-core, which moves only "
+          "where the host has a core per rank)")
+    for label, W, within, n, med, cw, cn, cnoise in summary_by_world(rows + baseline + free_rows):
+        print(f"  {label:<14} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
+              f"{cw:>3}/{cn}" + (f"   with the launches' error {cnoise:>3}/{cn}" if repeats > 1 else ""))
+
+
+RECORDED = "recorded.json"
+"""Beside a kept run's traces (``--keep``): its recording settings and, per recorded case, what the
+trainer said (ms/step) and the host's load before and after; ``--rescore`` reads it back."""
+_TRACE_DIR = re.compile(r"w(\d+)_([a-z]+)_([a-z]+?)(?:_r(\d+))?")
+_BUSY_CAL = re.compile(r"calibration_w(\d+)_busy[\d.]+ms_([a-z]+)\.json")
+
+
+def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """``--rescore DIR``: the traces and calibrations a run kept (``--keep``) judged again with this
+    code's model, nothing recorded or measured: each calibration refitted from its own samples
+    (the fit is part of the model), every case predicted by ``judge``, the same report. A model
+    change can so be checked on earlier runs, of this host or another (the runs kept under
+    notes/sim_validation_bench/: ``tar -xJf runFD_keep.tar.xz`` gives ``keep/``)."""
+    from neo_train.topology.calibrate import Calibration, fit_calibration
+
+    src = args.rescore
+    if not src.is_dir():
+        ap.error(f"--rescore: {src} is not a directory (give a run's --keep directory)")
+    try:
+        saved = json.loads((src / RECORDED).read_text()) if (src / RECORDED).exists() else {}
+        said = {(c["W"], c["plan"], c["mode"], c["repeat"]): c for c in saved.get("cases", [])}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        ap.error(f"--rescore: {src / RECORDED} is not what --keep writes ({type(e).__name__}: {e}); move it aside "
+                 f"to rescore without the trainer's figures")
+    worlds = {int(w) for w in args.worlds.split(",")} if args.worlds else None
+    plans = set(args.plans.split(",")) if args.plans else None
+    modes = set(args.modes.split(",")) if args.modes else None
+    for flag, given, known in (("--plans", plans, PLANS), ("--modes", modes, MODES)):
+        for name in sorted((given or set()) - set(known)):
+            ap.error(f"{flag}: unknown {flag[2:-1]} {name!r} (known: {', '.join(known)})")
+    cases_all: list[dict[str, Any]] = []
+    nan = float("nan")
+    for d in sorted(src.iterdir()):
+        m = _TRACE_DIR.fullmatch(d.name)
+        if not d.is_dir() or not m or m.group(2) not in PLANS or m.group(3) not in MODES:
+            continue
+        W, plan, mode, repeat = int(m.group(1)), m.group(2), m.group(3), int(m.group(4) or 0)
+        if (worlds and W not in worlds) or (plans and plan not in plans) or (modes and mode not in modes):
+            continue
+        old = said.get((W, plan, mode, repeat), {})
+        cases_all.append({"W": W, "plan": plan, "mode": mode, "repeat": repeat, "local_world_size": local_world(plan, W),
+                          "trace": str(d), "trainer_step_ms": old.get("trainer_step_ms", nan),
+                          "run_wall_s": old.get("run_wall_s", 0.0), "load_before": old.get("load_before", nan),
+                          "load_after": old.get("load_after", nan)})
+    if not cases_all:
+        ap.error(f"--rescore: no recorded cases in {src} (directories named w<W>_<plan>_<mode>[_r<N>], as --keep writes)")
+    cases = list(dict.fromkeys((c["W"], c["plan"], c["mode"]) for c in cases_all))
+    warmup = args.warmup if args.warmup >= 0 else saved.get("args", {}).get("warmup", 4)
+    repeats = max(c["repeat"] for c in cases_all) + 1
+
+    def refit(path: Path):
+        try:
+            c = Calibration.load(path)
+            cal = fit_calibration(c.samples, world_size=c.world_size, transport=c.transport, device=c.device,
+                                  meta=c.meta)
+        except ValueError as e:  # a CalibrationError, or samples the fit refuses
+            ap.error(f"--rescore: {path}: {e}")
+        cal.source = str(path)
+        return cal
+    needed = {c["W"] for c in cases_all}
+    fitted = {p: refit(p) for p in sorted(src.glob("calibration_w*.json"))
+              if (m := re.match(r"calibration_w(\d+)[_.]", p.name)) and int(m.group(1)) in needed}
+    meta = next(iter(fitted.values())).meta if fitted else {}
+    machine = {"cpu": meta.get("cpu", "?"), "cpus": meta.get("cpus", "?")}
+    print(f"sim validation, rescored: the run kept in {src} ({len(cases_all)} recordings of {len(cases)} case{'s' * (len(cases) != 1)}, "
+          f"{warmup} warm-up steps; recorded on {machine['cpu']}, {machine['cpus']} CPUs), judged with this code's "
+          f"model", flush=True)
+    t_start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    baseline: list[dict[str, Any]] = []
+    free_rows: list[dict[str, Any]] = []
+    cals: dict[str, Any] = {}
+    for W in sorted({c[0] for c in cases}):
+        jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
+        if (src / f"calibration_w{W}.json").exists():
+            jobs.append(("idle", None, fitted[src / f"calibration_w{W}.json"], 0.0, 0.0, ""))
+        busy = {m.group(2): p for p in sorted(src.glob(f"calibration_w{W}_busy*.json"))
+                if (m := _BUSY_CAL.fullmatch(p.name)) and int(m.group(1)) == W}
+        for mode in dict.fromkeys(m for w, p, m in cases if w == W):
+            if mode not in busy:
+                if not jobs:
+                    ap.error(f"--rescore: {src} has no calibration for W = {W} {mode} runs "
+                             f"(calibration_w{W}_busy<X>ms_{mode}.json or calibration_w{W}.json)")
+                continue
+            cal = fitted[busy[mode]]
+            gap, overlap = float(cal.meta.get("busy_s") or cal.busy_s), cal.meta.get("overlap_s")
+            jobs.append(("busy", mode, cal, gap, overlap, f", {mode} runs: compute bursts {gap * 1e3:.2f} ms"))
+        judge(W, cases, [c for c in cases_all if c["W"] == W], jobs, warmup, repeats, rows, baseline, free_rows, cals)
+    print_report(rows, baseline, free_rows, repeats)
+    total = time.perf_counter() - t_start
+    print(f"\n{len(rows)} cases rescored in {total:.0f} s")
+    run_args = saved.get("args", {}) | {"warmup": warmup, "repeats": repeats, "judged": JUDGED, "rescored": str(src)}
+    report = {"benchmark": "sim_validation", "machine": machine, "args": run_args,
+              "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
+              "calibrations": {k: c.to_dict() for k, c in cals.items()},
+              "rows": rows, "baseline_rows": baseline, "free_core_rows": free_rows, "seconds": total}
+    write_outputs(report, args.json, args.png, write_png)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="W = 2 TW and W = 4 TWRW, pipelined, fewer steps (< 60 s)")
@@ -543,10 +721,16 @@ def main(argv: list[str] | None = None) -> int:
                          "mean compute gap, the asynchronous cells launched together, one per mode); default busy, the "
                          "model the goals are judged on (idle,busy adds the transport alone for comparison)")
     ap.add_argument("--keep", type=Path, help="keep traces and calibrations here (default: a temporary directory)")
+    ap.add_argument("--rescore", type=Path, metavar="DIR",
+                    help="record and calibrate nothing: judge the traces and calibrations an earlier run kept in DIR "
+                         "(its --keep) with this code's model, the calibrations refitted from their samples (--worlds, "
+                         "--plans, --modes, --warmup select; the run's own recording settings hold)")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--png", help="write the chart here: predicted vs measured step time per case, and each "
                                   "collective's error")
     args = ap.parse_args(argv)
+    if args.rescore is not None:
+        return rescore(args, ap)
     from neo_train.config import preset
     from neo_train.topology.calibrate import DEFAULT_SIZES
 
@@ -595,6 +779,10 @@ def main(argv: list[str] | None = None) -> int:
     baseline: list[dict[str, Any]] = []  # the same calibrations with the ranks resuming together
     free_rows: list[dict[str, Any]] = []  # the same with the free core option (differs only at a core per rank)
     cals: dict[str, Any] = {}
+    recorded: list[dict[str, Any]] = []
+    run_args = {"preset": cfg.name, "batch_size": cfg.train.batch_size, "steps": steps, "warmup": warmup,
+                "iters": {W: iters_for(W) for W in sorted({c[0] for c in cases})}, "sizes": sizes,
+                "quick": args.quick, "repeats": repeats, "judged": JUDGED}
     for W in sorted({c[0] for c in cases}):
         # record this W's runs, then calibrate its transport: idle, and busy at the runs' duty cycle
         # every case once, then again (--repeats): a noisy stretch of the host hits every case alike
@@ -603,6 +791,9 @@ def main(argv: list[str] | None = None) -> int:
             again = f" again ({c['repeat'] + 1} of {repeats})" if c["repeat"] else ""
             print(f"recorded W={W} {c['plan']:<5} {c['mode']:<9}{again} (trainer {c['trainer_step_ms']:.2f} ms/step, "
                   f"load {c['load_before']:.2f}->{c['load_after']:.2f})", flush=True)
+        recorded += cases_w
+        if args.keep:  # for --rescore: what the trainer said and the load, beside the traces
+            (workdir / RECORDED).write_text(json.dumps({"args": run_args, "cases": recorded}, indent=1))
         # (label, the mode whose runs it predicts or None for all, calibration, busy_s, overlap_s, shown)
         jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
         if "idle" in calibrations:
@@ -621,70 +812,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{cal.meta['compute_share']:.0%}")
                 jobs.append(("busy", mode, cal, gap, overlap_s,
                              f", {mode} runs: compute bursts {gap * 1e3:.2f} ms, overlap {shown}"))
-        for name, mode, cal, busy_s, overlap_s, shown in jobs:
-            cals[f"{W}:{name}" + (f":{mode}" if mode else "")] = cal
-            print(f"[{name}{shown}] {cal.table()}", flush=True)
-            together = ranks_together(cal)
-            for w, p, m in cases:
-                if w != W or mode not in (None, m):
-                    continue
-                mine = [dict(c, calibration=name, busy_s=busy_s, overlap_s=overlap_s)
-                        for c in cases_w if (c["plan"], c["mode"]) == (p, m)]
-                row = merge_repeats([c | predict(c, cal, warmup) for c in mine])
-                rows.append(row)
-                baseline.append(merge_repeats([c | predict(c, together, warmup) for c in mine])
-                                | {"calibration": f"{name}, together"})
-                free_rows.append((merge_repeats([c | predict(c, cal, warmup, free_core=True) for c in mine])
-                                  if cal.core_per_rank else row) | {"calibration": f"{name}, free core"})
-                each = (" (each recording: " + ", ".join(f"{x['step_mean_error']:+.1%}" for x in row["repeats"]) + ")"
-                        if repeats > 1 else "")
-                print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_mean_ms']:7.2f} ms measured, "
-                      f"{row['predicted_step_mean_ms']:7.2f} predicted ({row['step_mean_error']:+6.1%}; median "
-                      f"{row['step_error']:+6.1%}){each}; worst collective {row['worst_collective_error']:6.1%}",
-                      flush=True)
-    print(f"\npredicted vs measured (means over steady steps, judged; the medians' error beside; 'coll' = the worst "
-          f"per-collective error of those every step runs, on means; goals: step +-{STEP_GOAL:.0%}, collective "
-          f"+-{COLL_GOAL:.0%})")
-    print(f"{'W':>2} {'plan':<5} {'mode':<9} {'calib':<5} {'meas ms':>8} {'pred ms':>8} {'step err':>8} {'median':>8} "
-          f"{'coll':>7} {'in 25%':>6} {'trainer ms':>10} {'load':>9} verdict")
-    for r in rows:
-        verdict = "PASS" if r["step_ok"] and r["collectives_ok"] else (
-            "step ok, collective FAIL" if r["step_ok"] else "FAIL")
-        print(f"{r['W']:>2} {r['plan']:<5} {r['mode']:<9} {r['calibration']:<5} {r['measured_step_mean_ms']:8.2f} "
-              f"{r['predicted_step_mean_ms']:8.2f} {r['step_mean_error']:+8.1%} {r['step_error']:+8.1%} "
-              f"{r['worst_collective_error']:7.1%} {'%d/%d' % tuple(r['collectives_within_goal']):>6} "
-              f"{r['trainer_step_ms']:10.2f} {r['load_before']:4.1f}-"
-              f"{r['load_after']:<4.1f} {verdict}")
-    print("\nper collective, ms, measured / predicted: took (issue to done, as the rank saw it), its mean and its "
-          "error (judged), the launches' standard error of that measured mean, its median and that error; blocked "
-          "(the rank waiting in it, mean); net (the last rank's call to the collective's end, median: the network "
-          "model's own part, where the run shows it)")
-    for r in rows:
-        print(f"W={r['W']} {r['plan']} {r['mode']} ({r['calibration']} calibration):")
-        for c in r["collectives"]:
-            net = (f"   net {c['measured_net_s'] * 1e3:7.3f} / {c['predicted_net_s'] * 1e3:7.3f}"
-                   if c.get("measured_net_s") is not None else "")
-            print(f"   {c['marker']:<22} {c['comms']:<15} {c['mode']:<5} n={c['n']:<4} "
-                  f"{c.get('measured_mean_s', c['measured_s']) * 1e3:8.3f} / "
-                  f"{c.get('predicted_mean_s', c['predicted_s']) * 1e3:8.3f} {c['error']:+7.1%}"
-                  + (f" launches +-{c['launch_error']:5.1%}" if c.get("launch_error") is not None else "") + "   median "
-                  f"{c['measured_s'] * 1e3:7.3f} / {c['predicted_s'] * 1e3:7.3f} {c['median_error']:+7.1%}   blocked "
-                  f"{c.get('measured_blocked_mean_s', c['measured_blocked_s']) * 1e3:7.3f} / "
-                  f"{c.get('predicted_blocked_mean_s', c['predicted_blocked_s']) * 1e3:7.3f}{net}")
-    print("\nper calibration and W: steps within the goal, median over cases of the step error, collective rows within the goal "
-          "and within it widened by twice the launches' standard error ('together': the same calibration without "
-          "return lags, the ranks resuming together; 'free core': with simulate --free-core, which moves only "
-          "where the host has a core per rank)")
-    for label, W, within, n, med, cw, cn, cnoise in summary_by_world(rows + baseline + free_rows):
-        print(f"  {label:<14} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
-              f"{cw:>3}/{cn}" + (f"   with the launches' error {cnoise:>3}/{cn}" if repeats > 1 else ""))
+        judge(W, cases, cases_w, jobs, warmup, repeats, rows, baseline, free_rows, cals)
+    print_report(rows, baseline, free_rows, repeats)
     total = time.perf_counter() - t_start
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
     report = {"benchmark": "sim_validation", "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()},
-              "args": {"preset": cfg.name, "batch_size": cfg.train.batch_size, "steps": steps, "warmup": warmup,
-                       "iters": {W: iters_for(W) for W in sorted({c[0] for c in cases})}, "sizes": sizes,
-                       "quick": args.quick, "repeats": repeats, "judged": JUDGED},
-              "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
+              "args": run_args, "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
               "rows": rows, "baseline_rows": baseline, "free_core_rows": free_rows, "seconds": total}
     write_outputs(report, args.json, args.png, write_png)

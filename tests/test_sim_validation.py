@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -1274,8 +1275,9 @@ def test_calibrate_command_checks_its_flags(tmp_path, capsys):
 @pytest.mark.slow
 def test_benchmark_quick(tmp_path):
     out, png = tmp_path / "v.json", tmp_path / "sv.png"
+    keep = tmp_path / "keep"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_validation.py"), "--quick",
-                           "--calibrations", "idle,busy", "--json", str(out), "--png", str(png)],
+                           "--calibrations", "idle,busy", "--json", str(out), "--png", str(png), "--keep", str(keep)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert png.exists() and png.stat().st_size > 10_000
@@ -1302,12 +1304,105 @@ def test_benchmark_quick(tmp_path):
         if r["W"] > (os.cpu_count() or 1):
             assert f["predicted_step_ms"] == r["predicted_step_ms"]
     assert "free core" in proc.stdout
+    # the kept run judged again (--rescore): the same rows, the calibrations refitted from their samples
+    assert json.loads((keep / "recorded.json").read_text())["args"]["warmup"] == report["args"]["warmup"]
+    again = tmp_path / "again.json"
+    assert _sim_validation().main(["--rescore", str(keep), "--json", str(again)]) == 0
+    rescored = json.loads(again.read_text())
+    key = lambda r: (r["W"], r["plan"], r["mode"], r["calibration"])  # noqa: E731
+    assert sorted(map(key, rescored["rows"])) == sorted(map(key, report["rows"]))
+    for r in report["rows"]:
+        x = next(y for y in rescored["rows"] if key(y) == key(r))
+        for k in ("measured_step_mean_ms", "predicted_step_mean_ms", "trainer_step_ms"):
+            assert x[k] == pytest.approx(r[k], rel=1e-9), (key(r), k)
 
 
 def test_benchmark_rejects_a_batch_size_below_one(capsys):
     with pytest.raises(SystemExit) as e:
         _sim_validation().main(["--batch-size", "0", "--worlds", "2"])
     assert e.value.code == 2 and "--batch-size must be >= 1, got 0" in capsys.readouterr().err
+
+
+def _kept_run(keep: Path, run_trace: Path, recorded: bool) -> Calibration:
+    """A run's --keep directory made by hand: the module's recorded W = 2 run as two launches of TW
+    pipelined, a busy calibration fitted from synthetic samples (blocking and asynchronous, every
+    kind), and, with ``recorded``, the trainer's figures beside them; returns the calibration."""
+    keep.mkdir()
+    for name in ("w2_tw_pipelined", "w2_tw_pipelined_r1"):
+        shutil.copytree(run_trace, keep / name)
+    C, alpha = 1e9, {"all_to_allv": 3e-4, "all_reduce": 8e-4, "all_gather": 4e-4, "reduce_scatter": 5e-4}
+    sync = [{"kind": k, "group": 2, "bytes": b, "seconds": a + _unit_time(k, 2, b, "shared") / C}
+            for k, a in alpha.items() for b in (16, 4096, 1 << 17, 1 << 20)]
+    launched = [dict(s, seconds=2 * s["seconds"], **{"async": True}) for s in sync]
+    cal = fit_calibration(sync + launched, world_size=2, transport="gloo", device="cpu",
+                          meta={"cpu": "a test CPU", "cpus": 1, "busy_s": 1e-3, "overlap_s": {"all_reduce": 2e-3}})
+    cal.save(keep / "calibration_w2_busy1.00ms_pipelined.json")
+    if recorded:
+        cases = [{"W": 2, "plan": "tw", "mode": "pipelined", "repeat": r, "trainer_step_ms": ms, "run_wall_s": 1.0,
+                  "load_before": 0.5, "load_after": 0.7} for r, ms in ((0, 10.0), (1, 12.0))]
+        (keep / "recorded.json").write_text(json.dumps({"args": {"preset": "tiny", "steps": 4, "warmup": 1},
+                                                        "cases": cases}))
+    return cal
+
+
+def test_a_kept_run_is_judged_again_with_this_codes_model(run_trace, tmp_path, capsys):
+    """``sim_validation.py --rescore DIR``: a kept run's traces and calibrations, the calibrations
+    refitted from their samples, predicted as the run itself would have been (the same rows as
+    ``predict`` on each launch, pooled), the trainer's figures read back from recorded.json; the
+    report written as a run's. Nothing is recorded or measured."""
+    sv = _sim_validation()
+    keep = tmp_path / "keep"
+    cal = _kept_run(keep, run_trace, recorded=True)
+    out = tmp_path / "r.json"
+    assert sv.main(["--rescore", str(keep), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "rescored: the run kept in" in printed and "recorded on a test CPU, 1 CPUs" in printed
+    report = json.loads(out.read_text())
+    assert report["machine"] == {"cpu": "a test CPU", "cpus": 1} and report["args"]["rescored"] == str(keep)
+    assert report["args"]["warmup"] == 1 and report["args"]["repeats"] == 2  # the run's own, from recorded.json
+    (row,) = report["rows"]
+    assert (row["W"], row["plan"], row["mode"], row["calibration"]) == (2, "tw", "pipelined", "busy")
+    assert row["trainer_step_ms"] == 11.0 and len(row["repeats"]) == 2
+    direct = sv.merge_repeats([{"W": 2, "plan": "tw", "mode": "pipelined", "repeat": r, "trace": str(keep / d),
+                                "trainer_step_ms": 0.0, "run_wall_s": 0.0, "load_before": 0.0, "load_after": 0.0}
+                               | sv.predict({"trace": str(keep / d), "W": 2}, cal, 1)
+                               for r, d in enumerate(("w2_tw_pipelined", "w2_tw_pipelined_r1"))])
+    assert row["predicted_step_mean_ms"] == pytest.approx(direct["predicted_step_mean_ms"], rel=1e-9)
+    assert row["measured_step_mean_ms"] == pytest.approx(direct["measured_step_mean_ms"], rel=1e-9)
+    assert [c["error"] for c in row["collectives"]] == pytest.approx([c["error"] for c in direct["collectives"]])
+    assert {r["calibration"] for r in report["baseline_rows"] + report["free_core_rows"]} == {
+        "busy, together", "busy, free core"}
+    # without recorded.json: the trainer's figures unknown, shown as '-'; the default warm-up
+    (keep / "recorded.json").unlink()
+    assert sv.main(["--rescore", str(keep), "--json", str(out)]) == 0
+    assert re.search(r"\d+/\d+ +- +-- +- ", capsys.readouterr().out)
+    row = json.loads(out.read_text())["rows"][0]
+    assert math.isnan(row["trainer_step_ms"]) and json.loads(out.read_text())["args"]["warmup"] == 4
+
+
+@pytest.mark.parametrize("make, args, message", [
+    (None, [], "is not a directory"),
+    ("empty", [], "no recorded cases in"),
+    ("kept", ["--modes", "sideways"], "--modes: unknown mode 'sideways'"),
+    ("no calibration", [], "has no calibration for W = 2 pipelined runs"),
+    ("bad calibration", [], "calibration_w2_busy1.00ms_pipelined.json"),
+    ("bad recorded", [], "recorded.json is not what --keep writes"),
+])
+def test_rescore_names_what_is_missing(run_trace, tmp_path, capsys, make, args, message):
+    keep = tmp_path / "keep"
+    if make == "empty":
+        keep.mkdir()
+    elif make:
+        _kept_run(keep, run_trace, recorded=False)
+    if make == "no calibration":
+        (keep / "calibration_w2_busy1.00ms_pipelined.json").unlink()
+    if make == "bad calibration":
+        (keep / "calibration_w2_busy1.00ms_pipelined.json").write_text("{not json")
+    if make == "bad recorded":
+        (keep / "recorded.json").write_text('{"cases": [{"W": 2}]}')
+    with pytest.raises(SystemExit) as e:
+        _sim_validation().main(["--rescore", str(keep)] + args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def _sim_validation():

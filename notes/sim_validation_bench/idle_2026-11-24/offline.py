@@ -6,6 +6,9 @@ collective row's error, pooled over the launches; the last line counts the rows 
     FREE_CORE=1 python offline.py RUN_DIR          # with simulate --free-core (2026-11-28 on)
     ROOT=/tmp/old python offline.py RUN_DIR        # a checkout of an earlier commit (git worktree add)
 
+Since session 28 ``python benchmarks/sim_validation.py --rescore RUN_DIR`` does this with the full report
+(every tier); this script stays for the variant scripts that wrap it.
+
 The variants in notes/sim_validation.md ("2026-11-24, idle ranks") were monkeypatches of
 ``Calibration._mix`` / ``trace_sim.calibrated_collectives`` applied before ``main()``."""
 import os
