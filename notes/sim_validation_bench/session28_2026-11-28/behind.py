@@ -4,24 +4,14 @@ behind a 128 KB async all-to-all on the other group (MODES: world, second, secon
 a2a_world, a2a_second, second_prewarm: a blocking all-reduce on it before the burst, second_ownbar: the
 barrier on it). Per variant: the mean over iterations of the
 mean completion over ranks (the future's callback) after the last rank's launch, ms."""
-import os, sys, time, statistics, random
-import torch, torch.distributed as dist
-import torch.multiprocessing as mp
+import os, sys, time, statistics
+import torch.distributed as dist
+from spawn_ranks import busy, run, setup
 OVER = float(os.environ.get("OVER_MS", "1.5")) / 1e3
 BUSY = float(os.environ.get("BUSY_MS", "2.1")) / 1e3
 ITERS = int(os.environ.get("ITERS", "120"))
-def busy(a, s):
-    t = time.perf_counter() + s
-    while time.perf_counter() < t:
-        a @ a
-def body(rank, W, q):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29547")
-    dist.init_process_group("gloo", rank=rank, world_size=W)
-    g2 = dist.new_group(list(range(W)))
-    a = torch.randn(96, 96); rng = random.Random(rank); ro = random.Random(0)
-    x = torch.randn(128 * 1024 // 4); y = torch.empty_like(x)
-    b = torch.randn(36000 // 4)
+def body(rank, W):
+    g2, a, rng, ro, x, y, b = setup(rank, W, 29547)
     modes = os.environ.get("MODES", "world,second,a2a_world,a2a_second").split(",")
     res = {m: [] for m in modes}
     for it in range(ITERS):
@@ -47,12 +37,10 @@ def body(rank, W, q):
             if h1 is not None: h1.wait()
             h2.wait(); f.wait()
             if it >= 10: res[mode].append((t1, seen[0]))
-    q.put((rank, res))
-    dist.destroy_process_group()
+    return res
 if __name__ == "__main__":
-    W = int(sys.argv[1]); ctx = mp.get_context("spawn"); q = ctx.Queue()
-    ps = [ctx.Process(target=body, args=(r, W, q)) for r in range(W)]; [p.start() for p in ps]
-    out = dict(q.get() for _ in ps); [p.join() for p in ps]
+    W = int(sys.argv[1])
+    out = run(body, W)
     line = []
     for k in out[0]:
         n = len(out[0][k])

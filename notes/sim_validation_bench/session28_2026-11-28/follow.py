@@ -1,22 +1,12 @@
 """W ranks: DDP's bucket (36 KB async all-reduce, its own group) launched alone or 0.5 ms behind an
 asynchronous 128 KB all-to-all on the world group, bursts of compute as the calibration's; the bucket's
 wait return - its launch, ms (mean over ranks and iterations), and the all-to-all's."""
-import os, sys, time, statistics, random
-import torch, torch.distributed as dist
-import torch.multiprocessing as mp
+import os, sys, time, statistics
+import torch.distributed as dist
+from spawn_ranks import busy, run, setup
 OVER = float(os.environ.get("OVER_MS", "2")) / 1e3
-def busy(a, s):
-    t = time.perf_counter() + s
-    while time.perf_counter() < t:
-        a @ a
-def body(rank, W, q):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541")
-    dist.init_process_group("gloo", rank=rank, world_size=W)
-    g2 = dist.new_group(list(range(W)))
-    a = torch.randn(96, 96); rng = random.Random(rank); ro = random.Random(0)
-    x = torch.randn(128 * 1024 // 4); y = torch.empty_like(x)
-    b = torch.randn(36000 // 4)
+def body(rank, W):
+    g2, a, rng, ro, x, y, b = setup(rank, W, 29541)
     res = {"alone": [], "behind": [], "a2a_lead": [], "a2a_alone": []}
     for it in range(80):
         for mode in ("alone", "behind", "a2a_alone"):
@@ -34,10 +24,8 @@ def body(rank, W, q):
                 if mode != "a2a_alone": res[mode].append((t3 - t1) * 1e3)
                 if mode == "behind": res["a2a_lead"].append((t2 - t0) * 1e3)
                 if mode == "a2a_alone": res["a2a_alone"].append((t2 - t0) * 1e3)
-    q.put((rank, {k: statistics.fmean(v) for k, v in res.items()}))
-    dist.destroy_process_group()
+    return {k: statistics.fmean(v) for k, v in res.items()}
 if __name__ == "__main__":
-    W = int(sys.argv[1]); ctx = mp.get_context("spawn"); q = ctx.Queue()
-    ps = [ctx.Process(target=body, args=(r, W, q)) for r in range(W)]; [p.start() for p in ps]
-    out = dict(q.get() for _ in ps); [p.join() for p in ps]
+    W = int(sys.argv[1])
+    out = run(body, W)
     print(W, f"over {OVER*1e3:.1f}ms", " ".join(f"{k} {statistics.fmean(o[k] for o in out.values()):.2f}" for k in out[0]))
