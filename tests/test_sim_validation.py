@@ -1074,6 +1074,10 @@ def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(
     # the all-reduce: from rank 1's launch (7.1 ms) to its end (11.1 ms), waited for at the
     # backward's end from 6.6 and 7.6 ms
     assert shares == pytest.approx({"all_to_allv": 11 / 12, "all_reduce": (4.0 + 3.5) / 8})
+    # on a host with fewer cores than ranks only the time both wait at once counts: 4.6 - 7.1 ms of
+    # the all-to-all's 3 ms, 7.6 - 11.1 of the all-reduce's 4
+    together = {tl.colls[k][0]["comms"]: v for k, v in idle_shares(tl, res, together=True).items()}
+    assert together == pytest.approx({"all_to_allv": 2.5 / 3, "all_reduce": 3.5 / 4})
     D = (0.9 + math.sqrt(0.81 + 2.1)) / 2
     tl, res, passes = simulate_calibrated(traces, cal)  # until no share moves by more than 0.02
     end = {p.name: p.end * 1e3 for p in res.phases}
@@ -1130,13 +1134,16 @@ def test_a_rank_blocked_in_another_call_frees_its_core_for_a_collective_in_fligh
     # which weight the simulation uses: the calibrated host's cores against its ranks
     seen = []
     real = trace_sim.idle_shares
-    monkeypatch.setattr(trace_sim, "idle_shares", lambda t, r, blocked=0.0: seen.append(blocked) or real(t, r, blocked))
-    for meta, device, want in (({}, "cpu", 0.0), ({"cpus": 1}, "cpu", 0.0), ({"cpus": 2}, "cpu", BLOCKED_IDLE),
-                               ({"cpus": 64}, "cuda", 0.0)):
+    monkeypatch.setattr(trace_sim, "idle_shares", lambda t, r, blocked=0.0, together=False:
+                        seen.append((blocked, together)) or real(t, r, blocked, together))
+    # (and which shares: all the ranks waiting at once where it had fewer cores than ranks, IDLE_TOGETHER)
+    for meta, device, want, short in (({}, "cpu", 0.0, False), ({"cpus": 1}, "cpu", 0.0, True),
+                                      ({"cpus": 2}, "cpu", BLOCKED_IDLE, False), ({"cpus": 64}, "cuda", 0.0, False),
+                                      ({"cpus": 1}, "cuda", 0.0, False)):
         cal.meta, cal.device, seen[:] = meta, device, []
-        assert cal.core_per_rank == (want > 0)
+        assert cal.core_per_rank == (want > 0) and cal.cores_short == short
         simulate_calibrated(traces, cal, passes=2)
-        assert seen == [want]
+        assert seen == [(want, short)]
     # and it moves the collective: more of it on the (here faster) blocking fit
     cal.meta, cal.device = {"cpus": 2}, "cpu"
     tl2, res2, _ = simulate_calibrated(traces, cal, passes=2)

@@ -506,6 +506,14 @@ class Calibration:
         cpus = self.meta.get("cpus")
         return self.device == "cpu" and isinstance(cpus, int) and cpus >= self.world_size
 
+    @property
+    def cores_short(self) -> bool:
+        """Whether the calibrated host had fewer CPU cores than ranks (``meta['cpus']`` against the
+        world size; CPU only, False where the file does not say): there an asynchronous collective
+        runs at its blocking speed only while all its ranks wait for it (``trace_sim.IDLE_TOGETHER``)."""
+        cpus = self.meta.get("cpus")
+        return self.device == "cpu" and isinstance(cpus, int) and cpus < self.world_size
+
     def _where(self) -> str:
         return f"calibration {self.source}" if self.source else "calibration"
 
