@@ -602,7 +602,19 @@ RECORDED = "recorded.json"
 """Beside a kept run's traces (``--keep``): its recording settings and, per recorded case, what the
 trainer said (ms/step) and the host's load before and after; ``--rescore`` reads it back."""
 _TRACE_DIR = re.compile(r"w(\d+)_([a-z]+)_([a-z]+?)(?:_r(\d+))?")
-_BUSY_CAL = re.compile(r"calibration_w(\d+)_busy[\d.]+ms_([a-z]+)\.json")
+_CAL_FILE = re.compile(r"calibration_w(\d+)(?:_busy[\d.]+ms_([a-z]+))?\.json")  # ``calibrate``'s names
+
+
+def _chosen(ap: argparse.ArgumentParser, flag: str, text: str, known: tuple[str, ...]) -> list[str] | None:
+    """The names a comma-separated ``flag`` gives (None: not given), each one of ``known``, or the
+    parser's error naming the first that is not."""
+    if not text:
+        return None
+    names = text.split(",")
+    for name in names:
+        if name not in known:
+            ap.error(f"{flag}: unknown {flag[2:-1]} {name!r} (known: {', '.join(known)})")
+    return names
 
 
 def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
@@ -623,11 +635,8 @@ def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         ap.error(f"--rescore: {src / RECORDED} is not what --keep writes ({type(e).__name__}: {e}); move it aside "
                  f"to rescore without the trainer's figures")
     worlds = {int(w) for w in args.worlds.split(",")} if args.worlds else None
-    plans = set(args.plans.split(",")) if args.plans else None
-    modes = set(args.modes.split(",")) if args.modes else None
-    for flag, given, known in (("--plans", plans, PLANS), ("--modes", modes, MODES)):
-        for name in sorted((given or set()) - set(known)):
-            ap.error(f"{flag}: unknown {flag[2:-1]} {name!r} (known: {', '.join(known)})")
+    plans = _chosen(ap, "--plans", args.plans, PLANS)
+    modes = _chosen(ap, "--modes", args.modes, MODES)
     cases_all: list[dict[str, Any]] = []
     nan = float("nan")
     for d in sorted(src.iterdir()):
@@ -658,8 +667,9 @@ def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         cal.source = str(path)
         return cal
     needed = {c["W"] for c in cases_all}
-    fitted = {p: refit(p) for p in sorted(src.glob("calibration_w*.json"))
-              if (m := re.match(r"calibration_w(\d+)[_.]", p.name)) and int(m.group(1)) in needed}
+    # {(W, None: the idle calibration, or the mode of the busy one): refitted}
+    fitted = {(int(m.group(1)), m.group(2)): refit(p) for p in sorted(src.glob("calibration_w*.json"))
+              if (m := _CAL_FILE.fullmatch(p.name)) and int(m.group(1)) in needed}
     meta = next(iter(fitted.values())).meta if fitted else {}
     machine = {"cpu": meta.get("cpu", "?"), "cpus": meta.get("cpus", "?")}
     print(f"sim validation, rescored: the run kept in {src} ({len(cases_all)} recordings of {len(cases)} case{'s' * (len(cases) != 1)}, "
@@ -672,17 +682,15 @@ def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     cals: dict[str, Any] = {}
     for W in sorted({c[0] for c in cases}):
         jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
-        if (src / f"calibration_w{W}.json").exists():
-            jobs.append(("idle", None, fitted[src / f"calibration_w{W}.json"], 0.0, 0.0, ""))
-        busy = {m.group(2): p for p in sorted(src.glob(f"calibration_w{W}_busy*.json"))
-                if (m := _BUSY_CAL.fullmatch(p.name)) and int(m.group(1)) == W}
+        if (W, None) in fitted:
+            jobs.append(("idle", None, fitted[(W, None)], 0.0, 0.0, ""))
         for mode in dict.fromkeys(m for w, p, m in cases if w == W):
-            if mode not in busy:
+            if (W, mode) not in fitted:
                 if not jobs:
                     ap.error(f"--rescore: {src} has no calibration for W = {W} {mode} runs "
                              f"(calibration_w{W}_busy<X>ms_{mode}.json or calibration_w{W}.json)")
                 continue
-            cal = fitted[busy[mode]]
+            cal = fitted[(W, mode)]
             gap, overlap = float(cal.meta.get("busy_s") or cal.busy_s), cal.meta.get("overlap_s")
             jobs.append(("busy", mode, cal, gap, overlap, f", {mode} runs: compute bursts {gap * 1e3:.2f} ms"))
         judge(W, cases, [c for c in cases_all if c["W"] == W], jobs, warmup, repeats, rows, baseline, free_rows, cals)
@@ -738,14 +746,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(2, "tw", "pipelined"), (4, "twrw", "pipelined")]
     else:
         worlds = [int(w) for w in args.worlds.split(",")] if args.worlds else [2, 3, 4]
-        plans = args.plans.split(",") if args.plans else list(PLANS)
-        modes = args.modes.split(",") if args.modes else list(MODES)
-        for name in plans:
-            if name not in PLANS:
-                ap.error(f"--plans: unknown plan {name!r} (known: {', '.join(PLANS)})")
-        for name in modes:
-            if name not in MODES:
-                ap.error(f"--modes: unknown mode {name!r} (known: {', '.join(MODES)})")
+        plans = _chosen(ap, "--plans", args.plans, PLANS) or list(PLANS)
+        modes = _chosen(ap, "--modes", args.modes, MODES) or list(MODES)
         cases = [(W, p, m) for W in worlds for m in modes for p in plans]
     if args.worlds and args.quick:
         cases = [c for c in cases if c[0] in {int(w) for w in args.worlds.split(",")}]

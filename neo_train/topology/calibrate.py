@@ -503,16 +503,23 @@ class Calibration:
         calibrating host's, against the world size): there a rank blocked in one collective frees
         its core for the transports of the others it has in flight (``trace_sim.idle_shares``).
         False where the file does not say, and on a GPU, whose transport is not the host's cores."""
-        cpus = self.meta.get("cpus")
-        return self.device == "cpu" and isinstance(cpus, int) and cpus >= self.world_size
+        cpus = self._host_cpus
+        return cpus is not None and cpus >= self.world_size
 
     @property
     def cores_short(self) -> bool:
         """Whether the calibrated host had fewer CPU cores than ranks (``meta['cpus']`` against the
         world size; CPU only, False where the file does not say): there an asynchronous collective
         runs at its blocking speed only while all its ranks wait for it (``trace_sim.IDLE_TOGETHER``)."""
+        cpus = self._host_cpus
+        return cpus is not None and cpus < self.world_size
+
+    @property
+    def _host_cpus(self) -> int | None:
+        """The calibrating host's CPU count where its ranks' transport ran on them (CPU calibrations
+        whose meta says; None otherwise)."""
         cpus = self.meta.get("cpus")
-        return self.device == "cpu" and isinstance(cpus, int) and cpus < self.world_size
+        return cpus if self.device == "cpu" and isinstance(cpus, int) else None
 
     def _where(self) -> str:
         return f"calibration {self.source}" if self.source else "calibration"
