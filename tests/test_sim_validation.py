@@ -910,8 +910,9 @@ def test_collectives_in_flight_together_take_the_company_latency(tmp_path):
     """By the recorded order: an asynchronous collective's company is how many other collectives
     were issued between its launch and its wait on a rank, or launched before and waited for after
     its launch (the most over the ranks); a blocking call has none (the calibration measures
-    asynchronous pairs). In company it takes the calibration's concurrent latency on top, once
-    (one companion was measured)."""
+    asynchronous pairs), but takes a live one's beside it (``live_company``, the next test). In
+    company it takes the calibration's concurrent latency on top, once (one companion was
+    measured)."""
     from neo_train.topology.trace_input import concurrent_collectives
 
     # every rank: a2a launched (1), all-reduce launched (2), a2a waited (3), all-reduce waited (4);
@@ -939,12 +940,65 @@ def test_collectives_in_flight_together_take_the_company_latency(tmp_path):
     cal.async_kinds = {k: dataclasses.replace(f, concurrent_s={2: 5e-4}) for k, f in cal.kinds.items()}
     tl = timeline_phases(traces, calibrated_collectives(cal))
     lat = {":".join(p.name.split(":")[-2:]): p.seconds for p in tl.phases if p.name.startswith("latency:")}
-    # "process group:k-th": alpha (1 ms a2a, 2 ms all-reduce) + 0.5 ms in company; the blocking a2a none
-    assert lat == pytest.approx({"0:0": 1.5e-3, "1:0": 2.5e-3, "0:1": 1.5e-3, "0:2": 1e-3, "1:1": 2.5e-3})
+    # "process group:k-th": alpha (1 ms a2a, 2 ms all-reduce) + 0.5 ms in company; the blocking a2a has
+    # no company of its own, but the a2a launched before it is live (both ranks launched it): its 0.5 ms
+    assert lat == pytest.approx({"0:0": 1.5e-3, "1:0": 2.5e-3, "0:1": 1.5e-3, "0:2": 1.5e-3, "1:1": 2.5e-3})
     # without the calibration's figure (files before): alpha alone
     cal.async_kinds = dict(cal.kinds)
     tl = timeline_phases(traces, calibrated_collectives(cal))
     assert {p.seconds for p in tl.phases if p.name.startswith("latency:")} == {1e-3, 2e-3}
+
+
+def _four_rank_trace(path: Path, bucket_at: dict[int, int], joined: bool = True) -> Path:
+    """Four ranks on two "nodes" of two, as W = 4 TWRW's backward: each rank calls a blocking
+    cross-node all-to-all ({0, 2}, {1, 3}) and then a blocking node-local all-gather ({0, 1},
+    {2, 3}), and launches a world all-reduce (DDP's bucket) at position ``bucket_at[rank]`` among
+    those (0: before both, 2: after both), joined by a wait last (or never)."""
+    def on(e, pg, group):
+        return dict(e, pg_id=pg, global_ranks=group, world_size=4)
+
+    path.mkdir(parents=True, exist_ok=True)
+    for r in range(4):
+        calls = [on(_entry("all_to_allv", 0, 0, MS, MS, step=0, size=8), 10 + r % 2, [r % 2, r % 2 + 2]),
+                 on(_entry("all_gather", 0, 0, MS, MS, step=0, size=8), 20 + r // 2, [r // 2 * 2, r // 2 * 2 + 1])]
+        wait = ("wait", 3, MS, MS) if joined else None
+        calls.insert(bucket_at[r], on(_entry("all_reduce", 0, 0, MS, MS // 10, step=0, size=8, async_op=True, wait=wait),
+                                      30, [0, 1, 2, 3]))
+        (path / f"trace_rank{r}.json").write_text(json.dumps([dict(e, order=i) for i, e in enumerate(calls)]))
+    return path
+
+
+def test_a_blocking_call_beside_a_live_collective_takes_its_company(tmp_path):
+    """A blocking call made while an asynchronous collective of its rank is in flight takes that
+    collective's company figure (the asynchronous fit's ``concurrent_s`` at its group size) only where
+    the collective is live: every rank of its group known, by the recorded order, to have launched
+    it by the time the call ends. With the bucket launched first on every rank, the cross-node
+    all-to-all ends knowing only its own node pair's launches (not live), the node-local all-gather
+    after it knows all four (live); with the bucket launched last on one node, neither is."""
+    from neo_train.topology.trace_input import live_company
+
+    def company(path):
+        traces = load_trace(path)
+        blocks, colls = rank_timelines(traces)
+        return {(pg, k): v for ((pg, _), k), v in live_company(blocks, colls).items()}, traces
+
+    first, traces = company(_four_rank_trace(tmp_path / "first", {r: 0 for r in range(4)}))
+    assert first == {(20, 0): ("all_reduce", 4), (21, 0): ("all_reduce", 4)}  # the all-gathers; no all-to-all
+    late, _ = company(_four_rank_trace(tmp_path / "late", {0: 0, 1: 2, 2: 0, 3: 2}))
+    assert late == {}  # ranks 1, 3 launch it after both calls
+    assert company(_four_rank_trace(tmp_path / "never", {r: 0 for r in range(4)}, joined=False))[0] == {}
+    # the calibrated factory charges the live company on the all-gathers' latency, nothing else
+    kinds = {k: KindFit({2: 1e-3, 4: 2e-3}, 1e-9) for k in ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")}
+    cal = Calibration("gloo", "cpu", 4, "shared", 1e9, kinds)
+    cal.async_kinds = {k: dataclasses.replace(f, concurrent_s={2: 3e-4, 4: 7e-4}) for k, f in kinds.items()}
+    lat = {p.name.split(":")[-2]: p.seconds for p in timeline_phases(traces, calibrated_collectives(cal)).phases
+           if p.name.startswith("latency:")}
+    assert lat == pytest.approx({"10": 1e-3, "11": 1e-3, "20": 1.7e-3, "21": 1.7e-3, "30": 2e-3 + 7e-4})
+    assert cal.company("all_reduce", 4) == 7e-4 and cal.company("all_reduce", 3) == 0.0
+    cal.async_kinds = {}  # an idle calibration: no company measured, none charged
+    lat = {p.name.split(":")[-2]: p.seconds for p in timeline_phases(traces, calibrated_collectives(cal)).phases
+           if p.name.startswith("latency:")}
+    assert lat["20"] == lat["10"] == 1e-3
 
 
 def test_each_rank_resumes_at_the_end_plus_its_own_lag(tmp_path):

@@ -68,7 +68,9 @@ once (the output dist beside the next batch's ids, the backward's beside DDP's b
 host whose cores the ranks hold each then takes longer: a busy calibration's second pass measures
 what that adds (``KindFit.concurrent_s``, per group size), and the simulator adds it to the
 asynchronous collectives the trace's order shows in company (``trace_input.concurrent_collectives``),
-once however many companions they have (one was measured). The ranks do not always compute while
+once however many companions they have (one was measured); and to a blocking call made while an
+asynchronous collective its ranks have all launched is in flight (``trace_input.live_company``,
+``Calibration.company``: that collective's figure). The ranks do not always compute while
 an asynchronous collective progresses: a rank that reaches its wait early blocks, and its core then
 serves the transport, as in a blocking call. So the simulator charges an asynchronous collective
 the asynchronous fit for the share of its time its ranks compute and the blocking fit for the
@@ -592,6 +594,16 @@ class Calibration:
         if fit is None or group_size < 2:
             return 0.0
         return fit.after_lag.get(group_size, 0.0) * max(0.0, after_s - self.busy_s)
+
+    def company(self, kind: str, group_size: int) -> float:
+        """Seconds a blocking call is charged for an asynchronous collective of ``kind`` among
+        ``group_size`` ranks live beside it (``trace_input.live_company``): what a companion adds to
+        that collective, its asynchronous fit's ``KindFit.concurrent_s`` (the twin the second pass
+        launches is another group's, not a world collective's, so the blocking call's own kind's
+        figure measures nothing of it: about 0 at W = 4, notes/sim_validation.md, "2026-11-24,
+        session 23"). 0 where not measured: an idle calibration, or a file written before."""
+        fit = self.async_kinds.get("all_reduce" if kind == "barrier" else kind)
+        return fit.concurrent_s.get(group_size, 0.0) if fit is not None else 0.0
 
     def spread(self, kind: str, group_size: int, async_op: bool = False, idle: float = 0.0) -> float:
         """``KindFit.spread_s``: the mean lag of the ranks waiting for a collective behind the first

@@ -42,7 +42,10 @@ its end, or with ``return_lags`` (a calibration's, ``trace_sim.calibrated_return
 later of its arrival and the end plus its own lag. An asynchronous collective that the recorded
 order shows in company (other collectives issued on a rank between its launch and its wait, or in
 flight across its launch: ``concurrent_collectives``) reaches the factory with ``_concurrent`` (how
-many) in its entries (a calibration charges what company costs). ``rank_timelines`` reads the
+many) in its entries (a calibration charges what company costs); a blocking call made while an
+asynchronous collective is in flight on a rank and live (every rank of its group has launched it,
+by the recorded order: ``live_company``) reaches it with ``_company`` (that collective's kind and
+group size). ``rank_timelines`` reads the
 blocks; a trace without the fields is an error naming the file, rank, entry and field.
 """
 from __future__ import annotations
@@ -61,7 +64,7 @@ from .simulator import Comm, Compute, Phase, Transfer
 __all__ = ["load_trace", "check_trace", "trace_phases", "trace_world_size", "trace_markers", "check_compute_markers",
            "DTYPE_BYTES", "SUPPORTED_COMMS", "Block", "Timeline", "has_recorded_compute", "rank_timelines",
            "timeline_phases", "trace_transports", "network_collectives", "trace_duties", "trace_compute_share", "trace_load",
-           "ReturnLags", "concurrent_collectives"]
+           "ReturnLags", "concurrent_collectives", "live_company"]
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "double": 8, "float64": 8,
@@ -609,10 +612,11 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
     rank resumes after its end when it waited for it, in its blocking call or its wait (default:
     all at once). ``idle``: {collective key: the share of its time its ranks wait idle for it}
     (``trace_sim.idle_shares`` of an earlier simulation), which the factory and ``return_lags``
-    see as ``_idle`` in its entries, as they see ``_concurrent``, ``_after`` (``compute_after``) and
-    ``_over`` (``compute_over``)."""
+    see as ``_idle`` in its entries, as they see ``_concurrent``, ``_company`` (``live_company``),
+    ``_after`` (``compute_after``) and ``_over`` (``compute_over``)."""
     blocks, colls = rank_timelines(traces)
     concurrent = concurrent_collectives(blocks)
+    company = live_company(blocks, colls)
     after = compute_after(blocks)
     over = compute_over(blocks)
     idle = idle or {}
@@ -628,8 +632,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
         group = _group(e0, world) if _coll_key(e0)[1] else sorted(by_rank)
         # the factory and the lags see how many others were in flight with it on a rank, its idle
         # share and the compute after and over it
-        seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_idle", idle.get(key)),
-                                  ("_after", after.get(key)), ("_over", over.get(key))) if v}
+        seen = {f: v for f, v in (("_concurrent", concurrent.get(key)), ("_company", company.get(key)),
+                                  ("_idle", idle.get(key)), ("_after", after.get(key)), ("_over", over.get(key))) if v}
         if seen:
             by_rank = {r: dict(e, **seen) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
@@ -753,6 +757,91 @@ def concurrent_collectives(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple,
                 if n:
                     out[k] = max(out.get(k, 0), n)
             open_ends.append(w)
+    return out
+
+
+def live_company(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]]
+                 ) -> dict[tuple, tuple[str, int]]:
+    """{key: (kind, group size)} for the blocking calls made on some rank while an asynchronous
+    collective of that rank was in flight (launched before the call, joined after it) and *live*:
+    every rank of its group known, by the recorded order, to have launched it by the time the call
+    ends. A collective completes on a rank only once all its ranks have issued it, so what a rank
+    knows grows through the collectives it completes (happens-before, ``_known_launches``). A
+    collective whose ranks have not all launched it waits for the late ones and takes no core; once
+    they all have, its transport threads take the cores the blocking call needs on a host the ranks
+    crowd (``Calibration.company``). Where several are live, the one of the largest group; one never
+    joined counts as a point at its launch, as in ``concurrent_collectives``. W = 4 TWRW's
+    node-local all-gather in the backward, called with DDP's bucket live, was 25 - 33 % short in
+    every run without it, while the cross-node all-to-all before it, with the bucket not yet
+    launched on the other node, was right (notes/sim_validation.md, "2026-11-28, session 29")."""
+    known = _known_launches(blocks, colls)
+    launched: dict[tuple, dict[int, int]] = {}  # key -> {rank: the order of its launch there}
+    for rank, mine in blocks.items():
+        for b in mine:
+            if b.kind == "call":
+                launched.setdefault(b.colls[0], {})[rank] = b.order
+    out: dict[tuple, tuple[str, int]] = {}
+    for rank, mine in blocks.items():
+        joined: dict[tuple, int] = {}  # key -> the order of its first join on this rank
+        for b in mine:
+            if b.kind == "wait":
+                for k in b.colls:
+                    joined.setdefault(k, b.order)
+        in_flight: dict[tuple, int] = {}  # key -> the order of its join on this rank
+        for b in mine:
+            if b.kind != "call":
+                continue
+            in_flight = {k: w for k, w in in_flight.items() if w > b.order}
+            k = b.colls[0]
+            if not b.sync:
+                if k in joined:
+                    in_flight[k] = joined[k]
+                continue
+            now = known.get((rank, b.order))
+            if now is None:  # the ranks' orders never let it complete
+                continue
+            live = [(len(colls[j]), _comm_name(colls[j][min(colls[j])])) for j in in_flight
+                    if all(now.get(r, -1) >= o for r, o in launched[j].items())]
+            if live:
+                g, kind = max(live)
+                if g > out.get(k, ("", 0))[1]:
+                    out[k] = (kind, g)
+    return out
+
+
+def _known_launches(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]]
+                    ) -> dict[tuple[int, int], dict[int, int]]:
+    """{(rank, block order): {rank r: the latest order of r's blocks known on the first rank, when
+    that block ends, to have begun}}: the ranks advance block by block, a blocking call or a wait
+    only once every rank of its collectives has issued them, and then knows what each of those
+    ranks knew when it issued them (vector clocks over the recorded order)."""
+    ranks = sorted(blocks)
+    at = {r: 0 for r in ranks}
+    clock: dict[int, dict[int, int]] = {r: {} for r in ranks}
+    issued: dict[tuple, dict[int, dict[int, int]]] = {}  # key -> {rank: its clock at the launch}
+    out: dict[tuple[int, int], dict[int, int]] = {}
+    moved = True
+    while moved:
+        moved = False
+        for r in ranks:
+            mine = blocks[r]
+            while at[r] < len(mine):
+                b = mine[at[r]]
+                if b.kind == "call" and r not in issued.get(b.colls[0], {}):
+                    issued.setdefault(b.colls[0], {})[r] = {**clock[r], r: b.order}
+                joins = (b.colls[0],) if b.kind == "call" and b.sync else b.colls if b.kind == "wait" else ()
+                if any(len(issued.get(k, ())) < len(colls[k]) for k in joins):
+                    break  # it waits for a rank that has not issued it yet
+                mine_clock = clock[r]
+                for k in joins:
+                    for theirs in issued[k].values():
+                        for s, o in theirs.items():
+                            if mine_clock.get(s, -1) < o:
+                                mine_clock[s] = o
+                mine_clock[r] = b.order
+                out[(r, b.order)] = dict(mine_clock)
+                at[r] += 1
+                moved = True
     return out
 
 

@@ -180,7 +180,9 @@ def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[f
     (``_over``, ``trace_input.compute_over``; ``KindFit.overlap_slope``). ``free``: the free core
     time after each collective's start (``free_core_times``, by its Comm's name): an asynchronous
     collective of ``FREE_CORE_KINDS`` ends once that time reaches the blocking fit's latency, less
-    the launch, where that is sooner than the above (``free_core_latency``)."""
+    the launch, where that is sooner than the above (``free_core_latency``). A blocking call with an
+    asynchronous collective live beside it (``_company``, ``trace_input.live_company``) takes what
+    that collective's company costs on top (``Calibration.company``)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -196,6 +198,8 @@ def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[f
             if asy else 0.0  # the launch up to the issue, where the simulator starts it
         seconds = cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")), idle=idle, launch_s=launch,
                               over_s=float(e0.get("_over", 0.0)))
+        if not asy and e0.get("_company"):  # an asynchronous collective live beside the blocking call
+            seconds += cal.company(_calibrated_kind(e0["_company"][0]), e0["_company"][1])
         if asy and free and name in free and k in FREE_CORE_KINDS and k in cal.kinds:
             seconds = min(seconds, free_core_latency(free[name], max(0.0, cal.kinds[k].latency_s[len(group)] - launch)))
         lat = Compute(f"latency:{name}", seconds, after)
