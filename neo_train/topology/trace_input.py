@@ -771,7 +771,7 @@ def live_company(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Ma
     they all have, its transport threads take the cores the blocking call needs on a host the ranks
     crowd (``Calibration.company``). Where several are live, the one of the largest group; one never
     joined counts as a point at its launch, as in ``concurrent_collectives``. W = 4 TWRW's
-    node-local all-gather in the backward, called with DDP's bucket live, was 25 - 33 % short in
+    node-local all-gather in the backward, called with DDP's bucket live, was 16 - 33 % short in
     every run without it, while the cross-node all-to-all before it, with the bucket not yet
     launched on the other node, was right (notes/sim_validation.md, "2026-11-28, session 29")."""
     known = _known_launches(blocks, colls)
@@ -798,7 +798,7 @@ def live_company(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Ma
                     in_flight[k] = joined[k]
                 continue
             now = known.get((rank, b.order))
-            if now is None:  # the ranks' orders never let it complete
+            if now is None or len(colls[k]) < 2:  # the orders never let it complete; a rank's own copy
                 continue
             live = [(len(colls[j]), _comm_name(colls[j][min(colls[j])])) for j in in_flight
                     if all(now.get(r, -1) >= o for r, o in launched[j].items())]
