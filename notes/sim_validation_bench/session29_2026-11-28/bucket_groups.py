@@ -8,12 +8,11 @@ the bucket's wait, a barrier. Run from this folder.
 import random
 import statistics as st
 import sys
-import time
-
 import torch
 
 from neo_train.comm.spawn import run_ranks
-from neo_train.topology.calibrate import _busy
+
+from bucket_step import GATHER, step
 
 
 def body(comm, iters, after_ms, pairs):
@@ -24,24 +23,15 @@ def body(comm, iters, after_ms, pairs):
     else:
         grp, g = comm.subgroup(list(range(W)), name="all"), W
     work = torch.randn(96, 96)
-    x = torch.randn(32768)
-    ddp = torch.randn(9009)
+    x = torch.randn(GATHER)
     rng = random.Random(r)
     out = {}
     for with_ddp in (False, True, False, True):
         rows = out.setdefault(with_ddp, [])
         for it in range(iters + 3):
-            _busy(work, 2e-3 * rng.uniform(0.5, 1.5))
-            h = comm.all_reduce(ddp, async_op=True, tag="ddp") if with_ddp else None
-            t0 = time.time_ns()
-            grp.all_gather_v(x, [32768] * g)
-            t1 = time.time_ns()
-            _busy(work, after_ms * 1e-3)
-            if h is not None:
-                h.wait()
-            comm.barrier()
+            t = step(comm, work, rng, lambda: grp.all_gather_v(x, [GATHER] * g), after_ms, with_ddp)
             if it >= 3:
-                rows.append((t0, t1))
+                rows.append(t)
     return out
 
 

@@ -3,16 +3,15 @@ all-gather of 128 KB (W = 3: ranks {0, 1}; rank 2, alone on its "node", has no p
 its compute after, as W = 3 TWRW's rank 2 does), with compute after it and/or a 36 KB world all-reduce (DDP's
 bucket) launched by every rank just before it. Does a live bucket slow the all-gather at W = 3 as at W = 4?
 
-    python bucket_w3w4.py [iters]"""
+    python bucket_w3w4.py [iters] [worlds, default 3,4]"""
 import random
 import statistics as st
 import sys
-import time
-
 import torch
 
 from neo_train.comm.spawn import run_ranks
-from neo_train.topology.calibrate import _busy
+
+from bucket_step import GATHER, step
 
 
 def body(comm, variants, iters):
@@ -21,26 +20,17 @@ def body(comm, variants, iters):
     p23 = comm.subgroup([2, 3], name="pair23") if W == 4 else None
     pair = p01 if r < 2 else p23
     work = torch.randn(96, 96)
-    x = torch.randn(32768)
-    ddp = torch.randn(9009)
+    x = torch.randn(GATHER)
     rng = random.Random(r)
     out = {}
     for v in variants:
         after_ms, with_ddp = v
         rows = []
         for it in range(iters + 3):
-            _busy(work, 2e-3 * rng.uniform(0.5, 1.5))
-            h = comm.all_reduce(ddp, async_op=True, tag="ddp") if with_ddp else None
-            t0 = time.time_ns()
-            if pair is not None:
-                pair.all_gather_v(x, [32768, 32768])
-            t1 = time.time_ns()
-            _busy(work, after_ms * 1e-3)
-            if h is not None:
-                h.wait()
-            comm.barrier()
+            call = (lambda: pair.all_gather_v(x, [GATHER, GATHER])) if pair is not None else (lambda: None)
+            t = step(comm, work, rng, call, after_ms, with_ddp)
             if it >= 3:
-                rows.append((t0, t1))
+                rows.append(t)
         out[v] = rows
     return out
 
@@ -48,7 +38,8 @@ def body(comm, variants, iters):
 if __name__ == "__main__":
     iters = int(sys.argv[1]) if len(sys.argv) > 1 else 60
     variants = [(0, False), (2, False), (8, False), (0, True), (2, True), (8, True)]
-    for W in (3, 4):
+    worlds = [int(w) for w in (sys.argv[2] if len(sys.argv) > 2 else "3,4").split(",")]
+    for W in worlds:
         res = run_ranks(body, W, variants, iters, timeout_s=600)
         for v in variants:
             nets = []

@@ -8,7 +8,10 @@ late ones and takes no core; once all have, its transport threads run.
 
     python live_offline.py RUN_DIR                      # every W
     LIVE_MIN_W=4 python live_offline.py RUN_DIR
-    LIVE=0 python live_offline.py RUN_DIR               # session 28's charge (no liveness test)"""
+    LIVE=0 python live_offline.py RUN_DIR               # session 28's charge (no liveness test)
+
+The rule was then built (e5b8a93, ``trace_input.live_company``): run this on the code before it, with
+``ROOT=`` a checkout of 95a75a8 (``git worktree add /tmp/base 95a75a8``); on later code it charges twice."""
 import os
 import runpy
 import sys
