@@ -736,15 +736,7 @@ def concurrent_collectives(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple,
     counts as a point at its launch."""
     out: dict[tuple, int] = {}
     for mine in blocks.values():
-        spans: dict[tuple, list[int]] = {}  # key -> [launch order, wait order]; a blocking call: one point
-        for b in mine:
-            if b.kind == "call":
-                spans[b.colls[0]] = [b.order, b.order]
-            else:
-                for k in b.colls:
-                    if k in spans:
-                        spans[k][1] = b.order
-        items = sorted(spans.items(), key=lambda kv: kv[1][0])  # by launch (orders are distinct on a rank)
+        items = sorted(_spans(mine).items(), key=lambda kv: kv[1][0])  # by launch (orders are distinct on a rank)
         open_ends: list[int] = []  # ends of the spans before that may still be open
         for i, (k, (a, w)) in enumerate(items):
             open_ends = [e for e in open_ends if e > a]  # those launched before and waited for after a
@@ -758,6 +750,20 @@ def concurrent_collectives(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple,
                     out[k] = max(out.get(k, 0), n)
             open_ends.append(w)
     return out
+
+
+def _spans(mine: Sequence[Block]) -> dict[tuple, list[int]]:
+    """{key: [launch order, wait order]} of one rank's collectives; a blocking call, or one never
+    waited for, is one point at its launch."""
+    spans: dict[tuple, list[int]] = {}
+    for b in mine:
+        if b.kind == "call":
+            spans[b.colls[0]] = [b.order, b.order]
+        else:
+            for k in b.colls:
+                if k in spans:
+                    spans[k][1] = b.order
+    return spans
 
 
 def live_company(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]]
@@ -775,33 +781,25 @@ def live_company(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Ma
     every run without it, while the cross-node all-to-all before it, with the bucket not yet
     launched on the other node, was right (notes/sim_validation.md, "2026-11-28, session 29")."""
     known = _known_launches(blocks, colls)
-    launched: dict[tuple, dict[int, int]] = {}  # key -> {rank: the order of its launch there}
-    for rank, mine in blocks.items():
-        for b in mine:
-            if b.kind == "call":
-                launched.setdefault(b.colls[0], {})[rank] = b.order
+    spans = {rank: _spans(mine) for rank, mine in blocks.items()}
     out: dict[tuple, tuple[str, int]] = {}
     for rank, mine in blocks.items():
-        joined: dict[tuple, int] = {}  # key -> the order of its first join on this rank
-        for b in mine:
-            if b.kind == "wait":
-                for k in b.colls:
-                    joined.setdefault(k, b.order)
-        in_flight: dict[tuple, int] = {}  # key -> the order of its join on this rank
+        in_flight: dict[tuple, int] = {}  # launched before, not yet joined: key -> its join's order
         for b in mine:
             if b.kind != "call":
                 continue
-            in_flight = {k: w for k, w in in_flight.items() if w > b.order}
             k = b.colls[0]
+            in_flight = {j: w for j, w in in_flight.items() if w > b.order}
+            launch, join = spans[rank][k]
             if not b.sync:
-                if k in joined:
-                    in_flight[k] = joined[k]
+                if join > launch:
+                    in_flight[k] = join
                 continue
             now = known.get((rank, b.order))
             if now is None or len(colls[k]) < 2:  # the orders never let it complete; a rank's own copy
                 continue
             live = [(len(colls[j]), _comm_name(colls[j][min(colls[j])])) for j in in_flight
-                    if all(now.get(r, -1) >= o for r, o in launched[j].items())]
+                    if all(now.get(r, -1) >= spans[r][j][0] for r in colls[j])]
             if live:
                 g, kind = max(live)
                 if g > out.get(k, ("", 0))[1]:
