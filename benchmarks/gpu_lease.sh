@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (the device tool): the GPU test tier, then the GPU suite.
-# Logs and reports land under $OUT (the tool brings them back). Not used by CI.
-#   bash benchmarks/gpu_lease.sh tier|suite|all     env: N (xdist workers), TIER_S, SUITE_S,
-#                                                   TESTS (pytest args), SUITE_ARGS
+# One call on a lent GPU machine (the device tool): the GPU test tier, then the GPU suite; or the
+# simulator's validation on GPU traces (simval: sim_validation.py --device cuda, its kept traces and
+# calibrations tarred into $OUT (simval_keep.tar.gz) for --rescore here). Logs and reports land under $OUT (the tool
+# brings them back). Not used by CI.
+#   bash benchmarks/gpu_lease.sh tier|suite|all|simval   env: N (xdist workers), TIER_S, SUITE_S,
+#                                                   TESTS (pytest args), SUITE_ARGS, SIMVAL_S, SIMVAL_ARGS
 set -u
 # neo_train without installing it: the repository root on the path (PYTHONSAFEPATH: the same path
 # in subprocesses too, whatever their working directory)
@@ -32,6 +34,15 @@ if [[ $what == suite || $what == all ]]; then
     --png "$OUT/gpu_suite.png" > "$OUT/suite.log" 2>&1
   echo "suite rc=$?" >> "$OUT/suite.log"
   tail -45 "$OUT/suite.log"
+fi
+if [[ $what == simval ]]; then
+  keep=/tmp/simval_keep
+  timeout "${SIMVAL_S:-450}" $PY benchmarks/sim_validation.py --device cuda ${SIMVAL_ARGS:-} --keep "$keep" \
+    --json "$OUT/simval_gpu.json" --png "$OUT/simval_gpu.png" > "$OUT/simval.log" 2>&1
+  echo "simval rc=$?" >> "$OUT/simval.log"
+  tar -czf "$OUT/simval_keep.tar.gz" -C /tmp simval_keep 2>&1 | tail -2
+  grep -E "^(recorded|W=|\[busy)" "$OUT/simval.log" | cut -c1-200 | tail -40
+  tail -40 "$OUT/simval.log"
 fi
 if [[ $what == diag ]]; then
   timeout "${DIAG_S:-300}" $PY benchmarks/gpu_diag.py 2>&1 | tee "$OUT/diag.log"

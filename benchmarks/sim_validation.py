@@ -5,6 +5,7 @@ time and per-collective time of real gloo training runs on this machine.
     python benchmarks/sim_validation.py --quick --json v.json --png v.png   # a smoke run (< 60 s)
     python benchmarks/sim_validation.py --worlds 4 --plans twrw --modes plain --keep out/sv
     python benchmarks/sim_validation.py --rescore out/sv --json again.json   # a kept run, today's model (``rescore``)
+    python benchmarks/sim_validation.py --device cuda --keep out/gpu        # GPU traces (``on_device``; not yet run on one)
 
 For each world size W (gloo ranks on this host, one torch thread each):
 
@@ -144,7 +145,23 @@ three, and 110 within it widened by twice the launches' standard error (notes/si
 "2026-11-24, session 21"). A run takes about 10 minutes instead of 8.5."""
 
 
-def _train_body(comm, cfg, plan_json: str, trace_dir: str):
+def on_device(comm, device: str) -> str:
+    """The rank's training device: "cpu", or with ``device`` "cuda" GPU ``rank % GPUs`` (all ranks
+    on GPU 0 of a one-GPU machine), made the communicator's device, so that the tracer times the
+    stream (``comm.trace.CudaClock``) and the calibration's collectives carry device tensors as
+    training's do; gloo stages them through pinned host memory (``tests/test_gpu.py``,
+    ``test_gloo_ranks_share_one_gpu``)."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    dev = torch.device("cuda", comm.rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    comm.device = dev
+    return str(dev)
+
+
+def _train_body(comm, cfg, plan_json: str, trace_dir: str, device: str = "cpu"):
     """``neo-train train --trace-dir``'s path: the job's communicator (tracer outermost), the
     trainer's loop, every rank dumping its trace."""
     from neo_train.cli import wrap_communicator
@@ -152,8 +169,9 @@ def _train_body(comm, cfg, plan_json: str, trace_dir: str):
     from neo_train.train import Trainer
 
     L = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))
+    dev = on_device(comm, device)
     comm = wrap_communicator(comm, cfg, L)
-    t = Trainer(cfg, comm=comm, plan=ShardingPlan.from_json(plan_json), progress=False, log_dir=None)
+    t = Trainer(cfg, device=dev, comm=comm, plan=ShardingPlan.from_json(plan_json), progress=False, log_dir=None)
     res = t.run()
     comm.dump(trace_dir)
     return {"steps": res.steps, "train_seconds": res.train_seconds, "samples_per_s": res.samples_per_s}
@@ -180,11 +198,35 @@ def make_plan(name: str, model, W: int):
     raise ValueError(f"unknown plan {name!r} (known: {', '.join(PLANS)})")
 
 
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """The host's CPU and cores, and with ``device`` "cuda" its GPU and how many."""
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpus": os.cpu_count()}
+    if device == "cuda":
+        import torch
+
+        info |= {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+    return info
+
+
+def machine_text(m: dict[str, Any]) -> str:
+    """'CPU (n CPUs)', with ', k x GPU' when the runs trained on GPUs."""
+    return f"{m.get('cpu', '?')} ({m.get('cpus', '?')} CPUs" + (f", {m['gpus']} x {m['gpu']}" if m.get("gpu") else "") + ")"
+
+
 def _load() -> float:
     return os.getloadavg()[0]
 
 
-def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat: int = 0) -> dict[str, Any]:
+def _calibrate_body(comm, device: str, *args):
+    """``neo-train calibrate``'s rank (``cli._calibrate_rank``) on ``device`` (``on_device``)."""
+    from neo_train.cli import _calibrate_rank
+
+    on_device(comm, device)
+    return _calibrate_rank(comm, *args)
+
+
+def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat: int = 0,
+           device: str = "cpu") -> dict[str, Any]:
     """Train one case with the tracer on (its ``repeat``-th recording); returns where its trace is
     and what the trainer said."""
     trace_dir = workdir / (f"w{W}_{plan}_{mode}" + (f"_r{repeat}" if repeat else ""))
@@ -195,7 +237,7 @@ def record(cfg, plan: str, W: int, mode: str, steps: int, workdir: Path, repeat:
     plan_obj = make_plan(plan, cfg.model, W)
     load0 = _load()
     t0 = time.perf_counter()
-    trained = run_ranks(_train_body, W, run_cfg, plan_obj.to_json(), str(trace_dir),
+    trained = run_ranks(_train_body, W, run_cfg, plan_obj.to_json(), str(trace_dir), device,
                         local_world_size=local_world(plan, W), timeout_s=900)
     trainer_ms = max(r["train_seconds"] for r in trained) / max(1, trained[0]["steps"]) * 1e3
     return {"W": W, "plan": plan, "mode": mode, "repeat": repeat, "local_world_size": local_world(plan, W),
@@ -360,19 +402,19 @@ def summary_by_world(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, in
 
 
 def calibrate(W: int, sizes: list[int], iters: int, workdir: Path, busy_s: float = 0.0,
-              overlap_s: float | dict[str, float] | None = None, tag: str = "", runs_share: float | None = None):
-    from neo_train.cli import _calibrate_rank
+              overlap_s: float | dict[str, float] | None = None, tag: str = "", runs_share: float | None = None,
+              device: str = "cpu"):
     from neo_train.topology.calibrate import fit_calibration
 
     t0 = time.perf_counter()
     load0 = _load()
-    samples = run_ranks(_calibrate_rank, W, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]  # neo-train calibrate's
-    meta = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load0, "load_after": _load(),
+    samples = run_ranks(_calibrate_body, W, device, sizes, iters, busy_s, overlap_s, timeout_s=900)[0]  # neo-train calibrate's
+    meta = {**machine_info(device), "load_before": load0, "load_after": _load(),
             "seconds": time.perf_counter() - t0, "iters": iters, "busy_s": busy_s, "overlap_s": overlap_s,
             "groups": "tiled" if busy_s else "first", "compute_share": samples[0].get("compute_share"),
             "runs_compute_share": runs_share,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    cal = fit_calibration(samples, world_size=W, transport="gloo", device="cpu", meta=meta)
+    cal = fit_calibration(samples, world_size=W, transport="gloo", device=device, meta=meta)
     name = f"calibration_w{W}" + (f"_busy{busy_s * 1e3:.2f}ms" if busy_s else "") + (f"_{tag}" if tag else "") + ".json"
     cal.source = str(cal.save(workdir / name))
     return cal
@@ -515,7 +557,7 @@ def write_png(path: str, report: dict[str, Any]) -> None:
         ax1.text(0.5, 0.5, "no cases", ha="center", transform=ax1.transAxes)
     a, mach = report.get("args", {}), report.get("machine", {})
     fig.suptitle(("SMOKE RUN (--quick) - " if a.get("quick") else "")
-                 + f"network simulator vs measured gloo runs: {mach.get('cpu', '?')}, {mach.get('cpus', '?')} CPUs; "
+                 + f"network simulator vs measured gloo runs: {machine_text(mach)}; "
                  f"preset {a.get('preset', '?')}, b = {a.get('batch_size', '?')} per rank, {a.get('steps', '?')} "
                  f"steps ({a.get('warmup', '?')} warm-up) x {a.get('repeats', 1)} recordings per case", fontsize=11)
     fig.tight_layout()
@@ -671,9 +713,9 @@ def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     fitted = {(int(m.group(1)), m.group(2)): refit(p) for p in sorted(src.glob("calibration_w*.json"))
               if (m := _CAL_FILE.fullmatch(p.name)) and int(m.group(1)) in needed}
     meta = next(iter(fitted.values())).meta if fitted else {}
-    machine = {"cpu": meta.get("cpu", "?"), "cpus": meta.get("cpus", "?")}
+    machine = {k: meta[k] for k in ("cpu", "cpus", "gpu", "gpus") if k in meta}
     print(f"sim validation, rescored: the run kept in {src} ({len(cases_all)} recordings of {len(cases)} case{'s' * (len(cases) != 1)}, "
-          f"{warmup} warm-up steps; recorded on {machine['cpu']}, {machine['cpus']} CPUs), judged with this code's "
+          f"{warmup} warm-up steps; recorded on {machine_text(machine)}), judged with this code's "
           f"model", flush=True)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -724,6 +766,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"calibration iterations per cell (default {CAL_BUDGET} / W^2, at least {CAL_MIN_ITERS}: 84 at "
                          f"W = 2, 63 at W = 3 and 4; quick 5)")
     ap.add_argument("--backend", default="auto", help="embedding kernel backend (default auto)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="train and calibrate on cpu (default) or cuda: rank r on GPU r %% GPUs (every rank on GPU 0 of "
+                         "a one-GPU machine), gloo carrying the device tensors through pinned host memory, the tracer "
+                         "timing the stream")
     ap.add_argument("--calibrations", default="busy",
                     help="idle (the transport alone) and/or busy (ranks computing between collectives at the runs' "
                          "mean compute gap, the asynchronous cells launched together, one per mode); default busy, the "
@@ -739,6 +785,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rescore is not None:
         return rescore(args, ap)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no CUDA device on this machine")
     from neo_train.config import preset
     from neo_train.topology.calibrate import DEFAULT_SIZES
 
@@ -772,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
                                               batch_size=args.batch_size))
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="sim_validation_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"sim validation on {cpu_model()} ({os.cpu_count()} CPUs), load {_load():.2f}; preset {cfg.name}, "
+    machine = machine_info(args.device)
+    print(f"sim validation on {machine_text(machine)}, load {_load():.2f}; preset {cfg.name}, "
           f"b = {cfg.train.batch_size} per rank, {steps} steps ({warmup} warm-up) x {repeats} recordings, "
           f"calibration {len(sizes)} sizes x {args.iters or ('5' if args.quick else f'max({CAL_MIN_ITERS}, {CAL_BUDGET} / W^2)')} iterations; "
           f"files in {workdir}", flush=True)
@@ -782,13 +834,14 @@ def main(argv: list[str] | None = None) -> int:
     free_rows: list[dict[str, Any]] = []  # the same with the free core option (differs only at a core per rank)
     cals: dict[str, Any] = {}
     recorded: list[dict[str, Any]] = []
-    run_args = {"preset": cfg.name, "batch_size": cfg.train.batch_size, "steps": steps, "warmup": warmup,
+    run_args = {"preset": cfg.name, "batch_size": cfg.train.batch_size, "device": args.device, "steps": steps, "warmup": warmup,
                 "iters": {W: iters_for(W) for W in sorted({c[0] for c in cases})}, "sizes": sizes,
                 "quick": args.quick, "repeats": repeats, "judged": JUDGED}
     for W in sorted({c[0] for c in cases}):
         # record this W's runs, then calibrate its transport: idle, and busy at the runs' duty cycle
         # every case once, then again (--repeats): a noisy stretch of the host hits every case alike
-        cases_w = [record(cfg, p, W, m, steps, workdir, r) for r in range(repeats) for w, p, m in cases if w == W]
+        cases_w = [record(cfg, p, W, m, steps, workdir, r, args.device) for r in range(repeats) for w, p, m in cases
+                   if w == W]
         for c in cases_w:
             again = f" again ({c['repeat'] + 1} of {repeats})" if c["repeat"] else ""
             print(f"recorded W={W} {c['plan']:<5} {c['mode']:<9}{again} (trainer {c['trainer_step_ms']:.2f} ms/step, "
@@ -799,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         # (label, the mode whose runs it predicts or None for all, calibration, busy_s, overlap_s, shown)
         jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
         if "idle" in calibrations:
-            jobs.append(("idle", None, calibrate(W, sizes, iters_for(W), workdir), 0.0, 0.0, ""))
+            jobs.append(("idle", None, calibrate(W, sizes, iters_for(W), workdir, device=args.device), 0.0, 0.0, ""))
         if "busy" in calibrations:
             # one per mode, at its runs' duty: a pipelined run computes through its asynchronous
             # collectives (the ids' all-to-all under a whole forward), a plain one waits for them
@@ -808,7 +861,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in dict.fromkeys(m for w, p, m in cases if w == W):
                 gap, overlap, by_kind, share = run_duties([c for c in cases_w if c["mode"] == mode], warmup)
                 overlap_s = by_kind or overlap
-                cal = calibrate(W, sizes, iters_for(W), workdir, busy_s=gap, overlap_s=overlap_s, tag=mode, runs_share=share)
+                cal = calibrate(W, sizes, iters_for(W), workdir, busy_s=gap, overlap_s=overlap_s, tag=mode, runs_share=share,
+                                device=args.device)
                 shown = (", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_kind.items()) + f" ms (mean {overlap * 1e3:.2f}); "
                          f"the runs' ranks computed {share:.0%} of the time, the calibration's "
                          f"{cal.meta['compute_share']:.0%}")
@@ -818,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(rows, baseline, free_rows, repeats)
     total = time.perf_counter() - t_start
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
-    report = {"benchmark": "sim_validation", "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()},
+    report = {"benchmark": "sim_validation", "machine": machine,
               "args": run_args, "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
               "rows": rows, "baseline_rows": baseline, "free_core_rows": free_rows, "seconds": total}

@@ -19,6 +19,7 @@ GPU tests (``@gpu``: marked ``gpu`` and skipped without CUDA):
     test_positions_where_on_gpu_needs_no_sync  the sync-free position select (hot-row split, TW sparse output)
     test_a_cuda_trace_times_the_stream   the tracer's CUDA clock: compute and waits in device time
     test_a_calibration_burst_fills_the_device  a busy calibration's compute on a GPU: device time, host waits
+    test_sim_validation_on_a_gpu         benchmarks/sim_validation.py --quick --device cuda: a GPU trace predicted
 
 CPU tests (not GPU-marked: they run in CI): the registry's ``auto`` policy on CUDA, and the
 Triton parity harness itself at toy sizes under Triton's interpreter, so the GPU test's code
@@ -749,3 +750,28 @@ def test_a_calibration_burst_fills_the_device() -> None:
         device_s = start.elapsed_time(end) / 1e3
         assert device_s == pytest.approx(seconds, rel=0.3)
         assert host_s == pytest.approx(device_s, rel=0.3, abs=2e-4)
+
+
+# ==== 7. the simulator on a GPU trace (issue 14) =================================================
+@gpu
+@pytest.mark.timeout(600)
+def test_sim_validation_on_a_gpu(tmp_path: Path) -> None:
+    """``benchmarks/sim_validation.py --quick --device cuda``: ranks training on the GPU (gloo ranks
+    sharing it when it is one), the tracer timing the stream, the transport calibrated with device
+    tensors; every case is predicted. The goals are the full run's (its figures are in the README):
+    here the trace must be a CUDA-clock trace and the prediction finite."""
+    out, keep = tmp_path / "v.json", tmp_path / "keep"
+    proc = subprocess.run([sys.executable, str(HERE.parent / "benchmarks" / "sim_validation.py"), "--quick",
+                           "--device", "cuda", "--json", str(out), "--keep", str(keep)],
+                          capture_output=True, text=True, timeout=540, cwd=HERE.parent)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["args"]["device"] == "cuda" and report["machine"]["gpu"] == torch.cuda.get_device_name(0)
+    assert {(r["W"], r["plan"]) for r in report["rows"]} == {(2, "tw"), (4, "twrw")}
+    for r in report["rows"]:
+        assert r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 and r["collectives"]
+    from neo_train.topology.trace_input import load_trace
+
+    clocks = Counter(e.get("clock", "host") for d in sorted(keep.glob("w*_*")) for es in load_trace(d).values()
+                     for e in es if isinstance(e, dict) and e.get("backend"))  # fmt: skip
+    assert set(clocks) == {"cuda"}, f"collectives not timed on the stream: {clocks}"

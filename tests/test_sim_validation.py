@@ -1384,6 +1384,18 @@ def test_benchmark_rejects_a_batch_size_below_one(capsys):
     assert e.value.code == 2 and "--batch-size must be >= 1, got 0" in capsys.readouterr().err
 
 
+def test_benchmark_on_cuda_needs_a_gpu(capsys):
+    """``--device cuda`` on a machine without one stops before recording anything, saying why (on a
+    GPU machine ``tests/test_gpu.py``'s ``test_sim_validation_on_a_gpu`` runs it)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    with pytest.raises(SystemExit) as e:
+        _sim_validation().main(["--device", "cuda", "--quick"])
+    assert e.value.code == 2 and "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
+
+
 def _kept_run(keep: Path, run_trace: Path, recorded: bool) -> Calibration:
     """A run's --keep directory made by hand: the module's recorded W = 2 run as two launches of TW
     pipelined, a busy calibration fitted from synthetic samples (blocking and asynchronous, every
