@@ -418,7 +418,9 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     (``free_core_times``, of the pass before) reaches the blocking fit's latency, where that is
     sooner than the model above. On three runs of the AMD EPYC VM it moved W = 2's DDP bucket from
     +5 to +46 % to −11 to +32 % (rows 106 -> 108 and 109 -> 110 offline, 109 -> 111 in a fresh run);
-    not the default until checked on the Intel host's runs, where that bucket was −4 to +22 %."""
+    not the default: where that bucket was −4 to +22 % without it (the Intel host's runs, and run FH on
+    the AMD host) it shortens the bucket too far (FH: 108 -> 106 rows; notes/sim_validation.md,
+    "2026-11-28, session 30")."""
     net = cal.network()
     free_core = free_core and cal.core_per_rank
     idle: dict[tuple, float] = {}
