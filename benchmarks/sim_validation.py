@@ -209,8 +209,8 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 
 
 def machine_text(m: dict[str, Any]) -> str:
-    """'CPU (n CPUs)', with ', k x GPU' when the runs trained on GPUs."""
-    return f"{m.get('cpu', '?')} ({m.get('cpus', '?')} CPUs" + (f", {m['gpus']} x {m['gpu']}" if m.get("gpu") else "") + ")"
+    """'CPU, n CPUs', with ', k x GPU' when the runs trained on GPUs."""
+    return f"{m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs" + (f", {m['gpus']} x {m['gpu']}" if m.get("gpu") else "")
 
 
 def _load() -> float:
