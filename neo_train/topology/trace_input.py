@@ -809,10 +809,11 @@ def live_company(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Ma
 
 def _known_launches(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]]
                     ) -> dict[tuple[int, int], dict[int, int]]:
-    """{(rank, block order): {rank r: the latest order of r's blocks known on the first rank, when
-    that block ends, to have begun}}: the ranks advance block by block, a blocking call or a wait
-    only once every rank of its collectives has issued them, and then knows what each of those
-    ranks knew when it issued them (vector clocks over the recorded order)."""
+    """{(rank, order of one of its blocking calls): {rank r: the latest order of r's blocks known on
+    the first rank, when that call ends, to have begun}}: the ranks advance block by block, a
+    blocking call or a wait only once every rank of its collectives has issued them, and then knows
+    what each of those ranks knew when it issued them (vector clocks over the recorded order). Kept
+    for the blocking calls only, the blocks ``live_company`` asks about."""
     ranks = sorted(blocks)
     at = {r: 0 for r in ranks}
     clock: dict[int, dict[int, int]] = {r: {} for r in ranks}
@@ -837,7 +838,8 @@ def _known_launches(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple,
                             if mine_clock.get(s, -1) < o:
                                 mine_clock[s] = o
                 mine_clock[r] = b.order
-                out[(r, b.order)] = dict(mine_clock)
+                if b.kind == "call" and b.sync:
+                    out[(r, b.order)] = dict(mine_clock)
                 at[r] += 1
                 moved = True
     return out
