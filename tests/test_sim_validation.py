@@ -21,6 +21,7 @@ from neo_train.topology.calibrate import (
     AFTER_FACTOR, FORMAT, Calibration, CalibrationError, KindFit, _async_seconds, _call_seconds, _launch, _return_spread,
     _unit_time, fabric_comm, fit_calibration, nnls,
 )
+from neo_train.topology import calibrate
 from neo_train.topology.simulator import simulate
 from neo_train.topology.trace_input import load_trace, rank_timelines, timeline_phases
 from neo_train.topology.trace_sim import calibrated_collectives, calibrated_return_lags, validate_timeline
@@ -865,9 +866,9 @@ def test_the_first_pass_fits_how_an_asynchronous_collective_slows_with_the_compu
     assert cal.latency("all_to_allv", 2, over_s=m2 + 3e-3) == cal.latency("all_to_allv", 2)  # blocking: none
     assert bare.latency("all_to_allv", 2, async_op=True, over_s=m2 + 3e-3) == bare.latency("all_to_allv", 2,
                                                                                             async_op=True)
-    # waited for idle a quarter of its time: the asynchronous fit's three quarters are charged
+    # waited for idle a quarter of its time: the asynchronous fit's rate, slope included, for three quarters
     assert cal.latency("all_to_allv", 2, async_op=True, idle=0.25, over_s=m2 + 3e-3) == pytest.approx(
-        cal.latency("all_to_allv", 2, async_op=True, idle=0.25) + 0.75 * s2 * 3e-3)
+        1 / (0.75 / (at + s2 * 3e-3) + 0.25 / cal.latency("all_to_allv", 2)))
     assert "us per ms computed over it beyond" in cal.table()
     _file_keeps(cal, "async_kinds", "all_to_allv", "overlap_slope", {"2": -0.1, "3": 0.25})
     data = json.loads(json.dumps(cal.to_dict()))
@@ -1069,19 +1070,28 @@ def _idle_cal() -> Calibration:
     return cal
 
 
-def test_an_async_collective_its_ranks_wait_idle_for_costs_the_blocking_fit_for_that_share():
+def test_an_async_collective_its_ranks_wait_idle_for_costs_the_blocking_fit_for_that_share(monkeypatch):
     """An asynchronous collective's latency, spread and byte factor mix the blocking fit in by the
     share of its time its ranks wait idle for it: none, the asynchronous fit (company included);
-    all, the blocking fit; between, in proportion. A blocking call, or a kind without an
-    asynchronous fit, is not moved; a share outside 0..1 is an error."""
+    all, the blocking fit; between, the latency as rates (the harmonic mean weighted by the shares,
+    ``RATE_MIX``; the weighted sum without it, or where the launch outlasts the blocking fit), the
+    spread and byte factor in proportion. A blocking call, or a kind without an asynchronous fit,
+    is not moved; a share outside 0..1 is an error."""
     cal = _idle_cal()
     assert cal.latency("all_to_allv", 2, True) == pytest.approx(3e-3)
     assert cal.latency("all_to_allv", 2, True, idle=1.0) == pytest.approx(1e-3)
-    assert cal.latency("all_to_allv", 2, True, idle=0.25) == pytest.approx(0.75 * 3e-3 + 0.25 * 1e-3)
-    assert cal.latency("all_to_allv", 2, True, concurrent=True, idle=0.25) == pytest.approx(0.75 * 3.5e-3 + 0.25e-3)
+    # a quarter idle at 1 ms, three quarters computing at 3 ms: 0.75 T / 3 + 0.25 T / 1 = 1 ms of progress
+    assert cal.latency("all_to_allv", 2, True, idle=0.25) == pytest.approx(2e-3)
+    assert cal.latency("all_to_allv", 2, True, concurrent=True, idle=0.25) == pytest.approx(
+        1 / (0.75 / 3.5e-3 + 0.25 / 1e-3))
     # the blocking share counts from the last call, the launch's time before the collective starts
-    assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(2.5e-3 - 0.25 * 4e-4)
+    assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(1 / (0.75 / 3e-3 + 0.25 / 6e-4))
     assert cal.latency("all_to_allv", 2, True, launch_s=4e-4) == pytest.approx(3e-3)
+    assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=1.2e-3) == pytest.approx(0.75 * 3e-3 - 0.25 * 2e-4)
+    monkeypatch.setattr(calibrate, "RATE_MIX", False)
+    assert cal.latency("all_to_allv", 2, True, idle=0.25) == pytest.approx(0.75 * 3e-3 + 0.25 * 1e-3)
+    assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(2.5e-3 - 0.25 * 4e-4)
+    monkeypatch.undo()
     assert cal.latency("all_to_allv", 2, False, idle=0.5) == pytest.approx(1e-3)  # blocking: its own fit
     assert cal.latency("all_reduce", 2, True, idle=0.5) == cal.latency("all_reduce", 2)  # no async fit
     assert cal.spread("all_to_allv", 2, True, idle=0.5) == pytest.approx(1.5e-3)
@@ -1110,8 +1120,9 @@ def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(
     ends at 7.1 ms: the ranks wait 3 + 2.5 of its 2 x 3 ms, a share of 11/12. The all-reduce
     joined by the backward counts the ranks' waits at the backward's end; the blocking calls have
     none. The simulation repeats with each pass's shares until they settle: the collective lasts
-    D = 3 - 2 f - 0.1 f ms (the blocking share less the 0.1 ms launches) with f = 1 - 0.25 / D, so
-    D = (0.9 + sqrt(0.81 + 2.1)) / 2 ms."""
+    D ms, for the share f = 1 - 0.25 / D of which its ranks wait, progressing at 1 / 3 per ms while
+    they compute and 1 / 0.9 while they wait (the blocking fit less the 0.1 ms launches; ``RATE_MIX``):
+    0.25 / 3 + (D - 0.25) / 0.9 = 1, so D = 0.25 + 0.9 (1 - 0.25 / 3) ms."""
     from neo_train.topology import trace_sim
     from neo_train.topology.trace_sim import idle_shares, simulate_calibrated
 
@@ -1132,7 +1143,7 @@ def test_the_idle_shares_are_the_ranks_own_waits_over_the_collective_and_settle(
     # the all-to-all's 3 ms, 7.6 - 11.1 of the all-reduce's 4
     together = {tl.colls[k][0]["comms"]: v for k, v in idle_shares(tl, res, together=True).items()}
     assert together == pytest.approx({"all_to_allv": 2.5 / 3, "all_reduce": 3.5 / 4})
-    D = (0.9 + math.sqrt(0.81 + 2.1)) / 2
+    D = 0.25 + 0.9 * (1 - 0.25 / 3)
     tl, res, passes = simulate_calibrated(traces, cal)  # until no share moves by more than 0.02
     end = {p.name: p.end * 1e3 for p in res.phases}
     assert 3 <= passes < 6
@@ -1213,8 +1224,12 @@ def test_free_core_time_ends_an_all_reduce_starved_while_its_ranks_compute(tmp_p
     core time. Both ranks launch it (0 - 0.1 ms), compute 0.5 ms, block in an all-to-all (0.6 -
     1.6 ms: a freed core at half rate, its own transport takes the rest), compute 0.5 ms and wait
     for it (from 2.1 ms: rate 1 until it ends). 0.5 ms of free time by 1.6 ms, 1.4 more from 2.1
-    ms: it ends at 3.5 ms, where the asynchronous fit (8 ms, mixed with the blocking one by the
-    idle share) ends it at 4.1. Off by default, and off where the host had fewer cores than ranks."""
+    ms: it ends at 3.5 ms, where the asynchronous fit (8 ms) and the blocking one mixed by the idle
+    share as a weighted sum end it at 4.1. As rates (``RATE_MIX``, the default) the model itself
+    ends it sooner: the idle share's 1.9 ms at the blocking pace less the 1.5 ms computed over it at
+    the asynchronous one, 0.1 + 1.5 + 1.9 (1 - 1.5 / 8) = 3.14 ms, so the free core time moves
+    nothing there. Off by default, and off where the host had fewer cores than ranks."""
+    from neo_train.topology import trace_sim
     from neo_train.topology.trace_sim import free_core_latency, free_core_times, simulate_calibrated
 
     traces = _launch_block_wait(tmp_path / "tr")
@@ -1237,11 +1252,19 @@ def test_free_core_time_ends_an_all_reduce_starved_while_its_ranks_compute(tmp_p
         end = {p.name: p.end * 1e3 for p in res.phases}
         return {tl.colls[k][0]["comms"]: end[v] for k, v in tl.comm_end.items()}
 
-    model = ends()
-    assert model["all_reduce"] > 4.0 and model["all_to_allv"] == pytest.approx(1.6)
-    assert ends(free_core=True) == {"all_reduce": pytest.approx(3.5), "all_to_allv": pytest.approx(1.6)}
-    cal.meta = {"cpus": 1}
-    assert ends(free_core=True) == ends()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trace_sim, "IDLE_TOLERANCE", 1e-9)
+        rates = ends(passes=60)
+        assert rates == {"all_reduce": pytest.approx(0.1 + 1.5 + 1.9 * (1 - 1.5 / 8), abs=1e-4),
+                         "all_to_allv": pytest.approx(1.6)}
+        assert ends(free_core=True, passes=60) == pytest.approx(rates)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrate, "RATE_MIX", False)
+        model = ends()
+        assert model["all_reduce"] > 4.0 and model["all_to_allv"] == pytest.approx(1.6)
+        assert ends(free_core=True) == {"all_reduce": pytest.approx(3.5), "all_to_allv": pytest.approx(1.6)}
+        cal.meta = {"cpus": 1}
+        assert ends(free_core=True) == ends()
 
 
 # ---- the command line: errors name the file, rank and field -------------------------------------

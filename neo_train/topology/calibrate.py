@@ -157,6 +157,15 @@ AFTER_FACTOR = 3.0
 """The busy calibration's third pass calls the smallest and the largest second-pass cells blocking
 with the ranks computing ``busy_s`` after the call, and again ``AFTER_FACTOR`` x ``busy_s``: how the
 ranks' return lag grows with the compute after it (``KindFit.after_lag``)."""
+RATE_MIX = True
+"""An asynchronous collective whose ranks wait idle for part of its time (``Calibration.latency``'s
+``idle``) costs the harmonic mean of the asynchronous and blocking fits' seconds, weighted by the
+shares: each fit is a rate of progress, and the collective runs at one while its ranks compute and
+at the other while they wait. False: the weighted sum, as before 2026-11-28 (session 31). Offline on
+the AMD EPYC VM's eight kept runs (``sim_validation.py --rescore``): W = 2's DDP bucket +21.5 ->
++13.0 % on average, rows 863 -> 873 of 896 (seven runs gain 1 - 4, the one-launch run FH loses 3),
+steps 24/24 in each; W = 2's backward output dists move the other way, -3.0 -> -9.9 %
+(notes/sim_validation.md, "2026-11-28, session 31")."""
 KINDS = ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")
 FABRICS = ("shared", "per_rank")
 DEFAULT_SIZES = (16, 256, 4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20)
@@ -564,21 +573,31 @@ class Calibration:
         is not recorded): the blocking fit's time runs from the last rank's call, an asynchronous
         collective's from there, so the blocking share is charged that much less. ``over_s``: the
         compute its ranks do over it (the mean over them, launch to join): beyond the calibration's
-        mean draw, the asynchronous fit's share is charged ``KindFit.overlap_slope`` per second."""
+        mean draw, the asynchronous fit's share is charged ``KindFit.overlap_slope`` per second.
+
+        The two fits are rates, and rates add over time: a collective that progresses at 1 / A
+        while its ranks compute and at 1 / B while they wait (A, B the two fits' seconds, B less the
+        launch) for the shares 1 - idle and idle of its time T is done when T (1 - idle) / A +
+        T idle / B = 1, so T is their harmonic mean weighted by the shares (``RATE_MIX``; where B is
+        not positive, the weighted sum)."""
         if group_size < 2:
             return 0.0
         mix = self._mix(kind, async_op, idle)
-        total = 0.0
-        for w, fit in mix:
+        seconds = []
+        for _, fit in mix:
             if group_size not in fit.latency_s:
                 raise CalibrationError(f"{self._where()}: {kind} was calibrated for groups of "
                                        f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
             company = fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0
             over = max(0.0, over_s - fit.overlap_mean_s.get(group_size, 0.0))  # the blocking fit has no slope: 0
-            total += w * (fit.latency_s[group_size] + company + fit.overlap_slope.get(group_size, 0.0) * over)
-        if len(mix) == 2:  # the blocking fit mixed in
-            total = max(0.0, total - mix[1][0] * launch_s)
-        return total
+            seconds.append(fit.latency_s[group_size] + company + fit.overlap_slope.get(group_size, 0.0) * over)
+        if len(mix) == 1:
+            return seconds[0]
+        (w_async, _), (w_idle, _) = mix  # the blocking fit mixed in
+        busy, waiting = seconds[0], seconds[1] - launch_s
+        if RATE_MIX and busy > 0 and waiting > 0:
+            return 1.0 / (w_async / busy + w_idle / waiting)
+        return max(0.0, w_async * busy + w_idle * waiting)
 
     @property
     def busy_s(self) -> float:

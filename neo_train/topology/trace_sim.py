@@ -175,7 +175,8 @@ def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[f
     it has one (``Calibration.async_kinds``: a busy calibration's), and what company in flight
     with it adds (``_concurrent`` in its entries, ``trace_input.concurrent_collectives``); for the
     share of its time its ranks wait idle for it (``_idle`` in its entries, ``idle_shares``), the
-    blocking fit, less the launch's recorded time, the mean over the ranks' (``Calibration.latency``);
+    blocking fit, less the launch's recorded time, the mean over the ranks' (``Calibration.latency``:
+    the two fits combined as rates, ``calibrate.RATE_MIX``);
     the asynchronous share grows with the compute its ranks do over it beyond the calibration's
     (``_over``, ``trace_input.compute_over``; ``KindFit.overlap_slope``). ``free``: the free core
     time after each collective's start (``free_core_times``, by its Comm's name): an asynchronous
@@ -420,7 +421,9 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     +5 to +46 % to −11 to +32 % (rows 106 -> 108 and 109 -> 110 offline, 109 -> 111 in a fresh run);
     not the default: where that bucket was −4 to +22 % without it (the Intel host's runs, and run FH on
     the AMD host) it shortens the bucket too far (FH: 108 -> 106 rows; notes/sim_validation.md,
-    "2026-11-28, session 30")."""
+    "2026-11-28, session 30"). With the fits combined as rates (``calibrate.RATE_MIX``) the model is
+    this rule with some progress while the ranks compute, and the option moves little (984 -> 989
+    rows over nine runs; "2026-11-28, session 31")."""
     net = cal.network()
     free_core = free_core and cal.core_per_rank
     idle: dict[tuple, float] = {}
