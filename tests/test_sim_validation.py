@@ -1070,7 +1070,7 @@ def _idle_cal() -> Calibration:
     return cal
 
 
-def test_an_async_collective_its_ranks_wait_idle_for_costs_the_blocking_fit_for_that_share(monkeypatch):
+def test_an_async_collective_its_ranks_wait_idle_for_costs_the_blocking_fit_for_that_share():
     """An asynchronous collective's latency, spread and byte factor mix the blocking fit in by the
     share of its time its ranks wait idle for it: none, the asynchronous fit (company included);
     all, the blocking fit; between, the latency as rates (the harmonic mean weighted by the shares,
@@ -1088,10 +1088,10 @@ def test_an_async_collective_its_ranks_wait_idle_for_costs_the_blocking_fit_for_
     assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(1 / (0.75 / 3e-3 + 0.25 / 6e-4))
     assert cal.latency("all_to_allv", 2, True, launch_s=4e-4) == pytest.approx(3e-3)
     assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=1.2e-3) == pytest.approx(0.75 * 3e-3 - 0.25 * 2e-4)
-    monkeypatch.setattr(calibrate, "RATE_MIX", False)
-    assert cal.latency("all_to_allv", 2, True, idle=0.25) == pytest.approx(0.75 * 3e-3 + 0.25 * 1e-3)
-    assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(2.5e-3 - 0.25 * 4e-4)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrate, "RATE_MIX", False)
+        assert cal.latency("all_to_allv", 2, True, idle=0.25) == pytest.approx(0.75 * 3e-3 + 0.25 * 1e-3)
+        assert cal.latency("all_to_allv", 2, True, idle=0.25, launch_s=4e-4) == pytest.approx(2.5e-3 - 0.25 * 4e-4)
     assert cal.latency("all_to_allv", 2, False, idle=0.5) == pytest.approx(1e-3)  # blocking: its own fit
     assert cal.latency("all_reduce", 2, True, idle=0.5) == cal.latency("all_reduce", 2)  # no async fit
     assert cal.spread("all_to_allv", 2, True, idle=0.5) == pytest.approx(1.5e-3)

@@ -162,10 +162,10 @@ RATE_MIX = True
 ``idle``) costs the harmonic mean of the asynchronous and blocking fits' seconds, weighted by the
 shares: each fit is a rate of progress, and the collective runs at one while its ranks compute and
 at the other while they wait. False: the weighted sum, as before 2026-11-28 (session 31). Offline on
-the AMD EPYC VM's eight kept runs (``sim_validation.py --rescore``): W = 2's DDP bucket +21.5 ->
-+13.0 % on average, rows 863 -> 873 of 896 (seven runs gain 1 - 4, the one-launch run FH loses 3),
-steps 24/24 in each; W = 2's backward output dists move the other way, -3.0 -> -9.9 %
-(notes/sim_validation.md, "2026-11-28, session 31")."""
+the AMD EPYC VM's nine kept runs (``sim_validation.py --rescore``): W = 2's DDP bucket +21.6 ->
++13.0 % on average, rows 970 -> 984 of 1008 (eight runs gain 1 - 4, among them FI, recorded after
+the choice; the one-launch run FH loses 3), steps 24/24 in each; W = 2's backward output dists move
+the other way, -3.3 -> -9.9 % (notes/sim_validation.md, "2026-11-28, session 31")."""
 KINDS = ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")
 FABRICS = ("shared", "per_rank")
 DEFAULT_SIZES = (16, 256, 4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20)
