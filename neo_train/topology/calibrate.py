@@ -83,6 +83,14 @@ wait for while the others still look theirs up, came out 25 - 32 % long at every
 (``Calibration.core_per_rank``), a rank blocked in another collective's call while one is in flight
 frees its core for both transports, and half that time counts as idle for the one in flight
 (``trace_sim.BLOCKED_IDLE``; notes/sim_validation.md, "2026-11-25, session 26").
+An all-reduce of fewer than two elements per rank follows a shorter pattern than a larger one: gloo's
+ring cuts its buffer into 2g segments, two per rank, and skips the sends of the empty ones, so its
+smallest cell (one element per rank) took 2.05 ms at g = 4 where every larger one up to 128 KB took
+3.8 - 4.0 (blocking; asynchronous 3.2 against 4.8 - 5.3; at g = 2 the 16-byte cell has four elements
+and no empty segment). Fitted with the others, such cells pulled the latency of every group of three
+or more ranks down, and DDP's bucket with it. They are fitted apart (``few_elements``,
+``KindFit.few_latency_s``), and a trace's all-reduce of that few elements takes their latency
+(notes/sim_validation.md, "2026-11-29, session 32").
 
 Measurement (``measure_collectives``): for every kind, group size (ranks 0..g-1 of the job, the
 others waiting; busy: the job cut into disjoint groups of that size running side by side, as a
@@ -147,7 +155,8 @@ from .flat import FlatNetwork
 from .simulator import Comm, Transfer, simulate
 
 __all__ = ["Calibration", "KindFit", "CalibrationError", "KINDS", "FABRICS", "FORMAT", "DEFAULT_SIZES",
-           "measure_collectives", "fit_calibration", "fabric_comm", "nnls", "add_calibrate_arguments", "parse_sizes"]
+           "measure_collectives", "fit_calibration", "fabric_comm", "nnls", "add_calibrate_arguments", "parse_sizes",
+           "few_elements"]
 
 FORMAT = "neo_train.calibration/1"
 CONCURRENT_MAX_BYTES = 128 << 10
@@ -168,6 +177,9 @@ the choice; the one-launch run FH loses 3), steps 24/24 in each; W = 2's backwar
 the other way, -3.3 -> -9.9 % (notes/sim_validation.md, "2026-11-28, session 31")."""
 KINDS = ("all_to_allv", "all_reduce", "all_gather", "reduce_scatter")
 FABRICS = ("shared", "per_rank")
+FEW_ELEMENTS_PER_RANK = 2
+"""An all-reduce of fewer elements than this per rank of its group is a different pattern
+(``few_elements``): gloo's ring splits the buffer into this many segments per rank."""
 DEFAULT_SIZES = (16, 256, 4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20)
 """Bytes of one rank's input tensor (param's in_msg_size x dtype): an all-to-all sends them split
 evenly over the group, an all-reduce reduces them, an all-gather contributes them, a
@@ -209,6 +221,11 @@ class KindFit:
     overlap_mean_s: dict[int, float] = field(default_factory=dict)
     """Beside ``overlap_slope``: the mean compute the first pass drew over it (seconds), which its
     latency is fitted at."""
+    few_latency_s: dict[int, float] = field(default_factory=dict)
+    """All-reduces, per group size: alpha of the cells of fewer than ``FEW_ELEMENTS_PER_RANK``
+    elements per rank (``few_elements``), fitted apart from ``latency_s`` (their mean time less the
+    bytes' term); a trace's all-reduce that small takes it. Empty: no such cell (a group of two, whose
+    smallest cell has four elements, or a file written before 2026-11-29)."""
 
 
 # ---- collectives on the calibrated fabric ----------------------------------------------------------
@@ -319,6 +336,48 @@ BLOCKED_NS = 20_000
 it done returns in a few microseconds)."""
 
 
+def few_elements(kind: str, group_size: int, elements: float) -> bool:
+    """True for an all-reduce of fewer than ``FEW_ELEMENTS_PER_RANK`` elements per rank of its
+    group (and at least one): gloo's ring cuts the buffer into two segments per rank and skips the
+    sends of the empty ones (its ``ring``: a segment out of range has no length), a shorter pattern
+    than any larger all-reduce's. ``elements`` unknown (0): False."""
+    return kind == "all_reduce" and group_size >= 2 and 0 < elements < FEW_ELEMENTS_PER_RANK * group_size
+
+
+def _split_few(kind: str, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the cells the kind's fit takes, those of few elements, fitted apart: ``few_elements`` of a
+    calibration cell's float32 elements). A group whose every cell is that small keeps them all in the
+    fit: it has nothing else to give its latency."""
+    small = [few_elements(kind, int(r["group"]), _cell_elements(int(r["group"]), int(r["bytes"]))) for r in rows]
+    main = [r for r, x in zip(rows, small) if not x]
+    few = [r for r, x in zip(rows, small) if x]
+    if {int(r["group"]) for r in few} - {int(r["group"]) for r in main}:
+        return rows, []
+    return main, few
+
+
+def _few_latency(fit: KindFit, few: list[dict], xs: list[float]) -> dict[int, float]:
+    """``KindFit.few_latency_s``: per group size, the mean over the few-element cells of the time
+    the fit is to (the first return where the fit keeps a spread, else the mean) less the fit's
+    bytes' term, at least 0."""
+    by_group: dict[int, list[float]] = {}
+    for r, x in zip(few, xs):
+        t = float(r["first_s"] if fit.spread_s else r["seconds"])
+        by_group.setdefault(int(r["group"]), []).append(max(0.0, t - fit.seconds_per_byte * x))
+    return {g: float(np.mean(v)) for g, v in sorted(by_group.items())}
+
+
+def _fit_split(kind: str, rows: list[dict], fabric: str) -> KindFit:
+    """``_fit_kind`` over the kind's cells but those of few elements, whose latency is fitted apart
+    (``_split_few``, ``_few_latency``)."""
+    main, few = _split_few(kind, rows)
+    fit = _fit_kind(main, [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in main])
+    if not few:
+        return fit
+    return dataclasses.replace(fit, few_latency_s=_few_latency(
+        fit, few, [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in few]))
+
+
 def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
     """alpha per group size and seconds per byte-unit, non-negative, relative to the prediction:
     least squares of (t - p) / p, reweighted until the weights settle (a quasi-likelihood with
@@ -393,8 +452,9 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
             rows = [s for s in sync if s["kind"] == kind]
             if not rows:
                 continue
+            fits[kind] = f = _fit_split(kind, rows, fab)
+            rows = _split_few(kind, rows)[0]  # the errors and the bytes' share: of the cells fitted together
             xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fab) for r in rows]
-            fits[kind] = f = _fit_kind(rows, xs)
             sq += f.rms_rel_err ** 2 * len(rows)
             n += len(rows)
             # how much of a sample's time the bandwidth term explains, at most
@@ -415,14 +475,14 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
     for kind in KINDS:
         rows = [s for s in samples if s.get("async") and s["kind"] == kind and not s.get("pass")]
         if rows:
-            xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in rows]
-            fit = _fit_kind(rows, xs)
+            fit = _fit_split(kind, rows, fabric)
             # the second pass (alone, then with a twin in flight): what the company adds, to the first's fit
-            second = [s for s in samples if s.get("async") and s["kind"] == kind and s.get("pass") == "concurrent"]
+            second = _split_few(kind, [s for s in samples if s.get("async") and s["kind"] == kind
+                                       and s.get("pass") == "concurrent"])[0]
             if any(r.get("concurrent") for r in second):
                 xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in second]
                 fit = dataclasses.replace(fit, concurrent_s=_fit_kind(second, xs).concurrent_s)
-            slope, mean = _overlap_slope(rows)
+            slope, mean = _overlap_slope(_split_few(kind, rows)[0])
             async_kinds[kind] = dataclasses.replace(_relative(fit, beta_ref), overlap_slope=slope, overlap_mean_s=mean)
     return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,
                        [dict(s) for s in samples], dict(meta or {}), async_kinds=async_kinds)
@@ -562,7 +622,7 @@ class Calibration:
         return [(1.0, fit)]
 
     def latency(self, kind: str, group_size: int, async_op: bool = False, concurrent: bool = False,
-                idle: float = 0.0, launch_s: float = 0.0, over_s: float = 0.0) -> float:
+                idle: float = 0.0, launch_s: float = 0.0, over_s: float = 0.0, few: bool = False) -> float:
         """alpha: the fixed seconds of a collective of ``kind`` among ``group_size`` ranks (0 for one);
         ``async_op``: launched asynchronously (``fit_for``); ``concurrent``: with other collectives
         in flight on its ranks (adds ``KindFit.concurrent_s`` where the fit has it, once: the
@@ -579,7 +639,8 @@ class Calibration:
         while its ranks compute and at 1 / B while they wait (A, B the two fits' seconds, B less the
         launch) for the shares 1 - idle and idle of its time T is done when T (1 - idle) / A +
         T idle / B = 1, so T is their harmonic mean weighted by the shares (``RATE_MIX``; where B is
-        not positive, the weighted sum)."""
+        not positive, the weighted sum). ``few``: an all-reduce of few elements (``few_elements``),
+        whose alpha is ``KindFit.few_latency_s`` where the fit has it."""
         if group_size < 2:
             return 0.0
         mix = self._mix(kind, async_op, idle)
@@ -590,7 +651,8 @@ class Calibration:
                                        f"{', '.join(map(str, sorted(fit.latency_s)))} ranks, not {group_size}")
             company = fit.concurrent_s.get(group_size, 0.0) if concurrent else 0.0
             over = max(0.0, over_s - fit.overlap_mean_s.get(group_size, 0.0))  # the blocking fit has no slope: 0
-            seconds.append(fit.latency_s[group_size] + company + fit.overlap_slope.get(group_size, 0.0) * over)
+            alpha = fit.few_latency_s.get(group_size, fit.latency_s[group_size]) if few else fit.latency_s[group_size]
+            seconds.append(alpha + company + fit.overlap_slope.get(group_size, 0.0) * over)
         if len(mix) == 1:
             return seconds[0]
         (w_async, _), (w_idle, _) = mix  # the blocking fit mixed in
@@ -640,11 +702,15 @@ class Calibration:
         hosts = [self.host_of(r) for r in group] if self.fabric == "per_rank" else list(group)
         return fabric_comm(kind, hosts, sizes, self.fabric, name=name, after=after, byte_factor=factor)
 
-    def predict(self, kind: str, group_size: int, nbytes: float, async_op: bool = False) -> float:
-        """Seconds the model gives one collective alone: alpha + its bytes' simulated time."""
+    def predict(self, kind: str, group_size: int, nbytes: float, async_op: bool = False,
+                elements: float | None = None) -> float:
+        """Seconds the model gives one collective alone: alpha + its bytes' simulated time.
+        ``elements``: its element count (``few_elements``); by default a calibration cell's of
+        ``nbytes`` (float32)."""
         fit = self.fit_for(kind, async_op)
-        return self.latency(kind, group_size, async_op) + fit.seconds_per_byte * _unit_time(kind, group_size, nbytes,
-                                                                                            self.fabric)
+        n = _cell_elements(group_size, int(nbytes)) if elements is None else elements
+        return (self.latency(kind, group_size, async_op, few=few_elements(kind, group_size, n))
+                + fit.seconds_per_byte * _unit_time(kind, group_size, nbytes, self.fabric))
 
     def check_for(self, world_size: int, transports: Sequence[str], what: str = "the trace") -> None:
         """CalibrationError unless this calibration describes ``what``'s machine: its world size
@@ -739,8 +805,9 @@ class Calibration:
                 company = f.get("concurrent_s") or {}  # absent in files written before it was measured
                 after = f.get("after_lag") or {}  # likewise
                 slope, over = f.get("overlap_slope") or {}, f.get("overlap_mean_s") or {}  # likewise
+                few = f.get("few_latency_s") or {}  # likewise
                 for name, v in (("concurrent_s", company), ("after_lag", after), ("overlap_slope", slope),
-                                ("overlap_mean_s", over)):
+                                ("overlap_mean_s", over), ("few_latency_s", few)):
                     if not isinstance(v, dict) or any(not str(g).isdecimal() or int(g) < 2 for g in v):
                         raise CalibrationError(f"{where}: field '{key}.{k}.{name}' must be an object "
                                                f"{{group size >= 2: {'seconds' if name.endswith('_s') else 'ratio'}}}, "
@@ -756,7 +823,8 @@ class Calibration:
                                  {int(g): num(v, f"{key}.{k}.concurrent_s.{g}") for g, v in company.items()},
                                  {int(g): num(v, f"{key}.{k}.after_lag.{g}") for g, v in after.items()},
                                  {int(g): num(v, f"{key}.{k}.overlap_slope.{g}") for g, v in slope.items()},
-                                 {int(g): num(v, f"{key}.{k}.overlap_mean_s.{g}") for g, v in over.items()})
+                                 {int(g): num(v, f"{key}.{k}.overlap_mean_s.{g}") for g, v in over.items()},
+                                 {int(g): num(v, f"{key}.{k}.few_latency_s.{g}") for g, v in few.items()})
             return out
 
         return cls(data["transport"], data["device"], W, data["fabric"], bw, fits(kinds_raw, "kinds"),
@@ -780,6 +848,9 @@ class Calibration:
                 lag += (f"; +{', '.join(f'{v * 1e3:.0f}' for _, v in sorted(f.overlap_slope.items()))} us per ms computed "
                         f"over it beyond {', '.join(f'{v * 1e3:.1f}' for _, v in sorted(f.overlap_mean_s.items()))} ms"
                         if f.overlap_slope else "")
+                lag += (f"; under {FEW_ELEMENTS_PER_RANK} elements per rank "
+                        f"{', '.join(f'g={g}: {a * 1e6:.0f} us' for g, a in sorted(f.few_latency_s.items()))}"
+                        if f.few_latency_s else "")
                 lines.append(f"  {k + mode:<21} latency {lat}; byte factor {f.byte_factor:.2f}; rel err rms "
                              f"{f.rms_rel_err:.1%}, max {f.max_rel_err:.1%} over {f.samples} samples{lag}")
         return "\n".join(lines)
@@ -795,6 +866,7 @@ def _fits_dict(fits: Mapping[str, KindFit]) -> dict[str, Any]:
             | ({"after_lag": {str(g): v for g, v in sorted(f.after_lag.items())}} if f.after_lag else {})
             | ({"overlap_slope": {str(g): v for g, v in sorted(f.overlap_slope.items())},
                 "overlap_mean_s": {str(g): v for g, v in sorted(f.overlap_mean_s.items())}} if f.overlap_slope else {})
+            | ({"few_latency_s": {str(g): v for g, v in sorted(f.few_latency_s.items())}} if f.few_latency_s else {})
             for k, f in fits.items()}
 
 

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..config import nonnegative_int
-from .calibrate import KINDS, Calibration
+from .calibrate import KINDS, Calibration, few_elements
 from .networks import cluster_for, make_network
 from .simulator import Compute, SimResult, simulate
 from .spec import ClusterSpec
@@ -183,7 +183,9 @@ def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[f
     collective of ``FREE_CORE_KINDS`` ends once that time reaches the blocking fit's latency, less
     the launch, where that is sooner than the above (``free_core_latency``). A blocking call with an
     asynchronous collective live beside it (``_company``, ``trace_input.live_company``) takes what
-    that collective's company costs on top (``Calibration.company``)."""
+    that collective's company costs on top (``Calibration.company``). An all-reduce of fewer than
+    two elements per rank (its ``in_msg_size``) takes the latency fitted to such cells
+    (``calibrate.few_elements``)."""
 
     def make(kind: str, group: list, by_rank: Mapping[int, dict], name: str, after: tuple):
         if len(group) < 2:
@@ -197,12 +199,13 @@ def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[f
         idle = float(e0.get("_idle", 0.0))
         launch = statistics.fmean(float(e.get("issue_ns", e.get("call_ns")) or 0) for e in by_rank.values()) / 1e9 \
             if asy else 0.0  # the launch up to the issue, where the simulator starts it
+        few = few_elements(k, len(group), float(e0.get("in_msg_size") or 0))  # an all-reduce of a few elements
         seconds = cal.latency(k, len(group), asy, concurrent=bool(e0.get("_concurrent")), idle=idle, launch_s=launch,
-                              over_s=float(e0.get("_over", 0.0)))
+                              over_s=float(e0.get("_over", 0.0)), few=few)
         if not asy and e0.get("_company"):  # an asynchronous collective live beside the blocking call
             seconds += cal.company(_calibrated_kind(e0["_company"][0]), e0["_company"][1])
         if asy and free and name in free and k in FREE_CORE_KINDS and k in cal.kinds:
-            seconds = min(seconds, free_core_latency(free[name], max(0.0, cal.kinds[k].latency_s[len(group)] - launch)))
+            seconds = min(seconds, free_core_latency(free[name], max(0.0, cal.latency(k, len(group), few=few) - launch)))
         lat = Compute(f"latency:{name}", seconds, after)
         comm = cal.comm(k, group, entry_sizes(k, group, by_rank), name=name, after=(lat.name,), async_op=asy,
                         idle=idle)
