@@ -367,15 +367,16 @@ def _few_latency(fit: KindFit, few: list[dict], xs: list[float]) -> dict[int, fl
     return {g: float(np.mean(v)) for g, v in sorted(by_group.items())}
 
 
-def _fit_split(kind: str, rows: list[dict], fabric: str) -> KindFit:
+def _fit_split(kind: str, rows: list[dict], fabric: str) -> tuple[KindFit, list[dict], list[float]]:
     """``_fit_kind`` over the kind's cells but those of few elements, whose latency is fitted apart
-    (``_split_few``, ``_few_latency``)."""
+    (``_split_few``, ``_few_latency``): (the fit, the cells it took, their bytes on the fabric)."""
     main, few = _split_few(kind, rows)
-    fit = _fit_kind(main, [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in main])
-    if not few:
-        return fit
-    return dataclasses.replace(fit, few_latency_s=_few_latency(
-        fit, few, [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in few]))
+    xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in main]
+    fit = _fit_kind(main, xs)
+    if few:
+        fit = dataclasses.replace(fit, few_latency_s=_few_latency(
+            fit, few, [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in few]))
+    return fit, main, xs
 
 
 def _fit_kind(rows: list[dict], xs: list[float]) -> KindFit:
@@ -452,9 +453,8 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
             rows = [s for s in sync if s["kind"] == kind]
             if not rows:
                 continue
-            fits[kind] = f = _fit_split(kind, rows, fab)
-            rows = _split_few(kind, rows)[0]  # the errors and the bytes' share: of the cells fitted together
-            xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fab) for r in rows]
+            f, rows, xs = _fit_split(kind, rows, fab)  # the errors and the bytes' share: of the cells fitted together
+            fits[kind] = f
             sq += f.rms_rel_err ** 2 * len(rows)
             n += len(rows)
             # how much of a sample's time the bandwidth term explains, at most
@@ -475,14 +475,14 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
     for kind in KINDS:
         rows = [s for s in samples if s.get("async") and s["kind"] == kind and not s.get("pass")]
         if rows:
-            fit = _fit_split(kind, rows, fabric)
+            fit, main, _ = _fit_split(kind, rows, fabric)
             # the second pass (alone, then with a twin in flight): what the company adds, to the first's fit
             second = _split_few(kind, [s for s in samples if s.get("async") and s["kind"] == kind
                                        and s.get("pass") == "concurrent"])[0]
             if any(r.get("concurrent") for r in second):
                 xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in second]
                 fit = dataclasses.replace(fit, concurrent_s=_fit_kind(second, xs).concurrent_s)
-            slope, mean = _overlap_slope(_split_few(kind, rows)[0])
+            slope, mean = _overlap_slope(main)
             async_kinds[kind] = dataclasses.replace(_relative(fit, beta_ref), overlap_slope=slope, overlap_mean_s=mean)
     return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,
                        [dict(s) for s in samples], dict(meta or {}), async_kinds=async_kinds)
