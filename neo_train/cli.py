@@ -107,15 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_arguments(sub.add_parser(
         "simulate", help="simulate a training iteration (or a recorded trace) on fat-tree / Opera / flat networks"))
-    from .comm.replay import add_replay_arguments
-
-    add_replay_arguments(sub.add_parser("replay", help="replay recorded collective traces on real ranks, any algorithm"))
+    _add_replay_arguments(sub.add_parser("replay", help="replay recorded collective traces on real ranks, any algorithm"))
     from .topology.calibrate import add_calibrate_arguments
 
     add_calibrate_arguments(sub.add_parser(
         "calibrate", help="measure this machine's collectives (latency, bandwidth) for neo-train simulate --calibration"))
     sub.add_parser("info", help="versions and available kernel backends")
     return p
+
+
+def _add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``neo-train replay`` (``comm.replay.replay_command``), here so that building
+    the parser imports no torch (``neo_train.comm`` does)."""
+    from .config import positive_float
+
+    parser.add_argument("traces", nargs="+", help="per-rank trace files in rank order, or one directory of trace_rank{r}.json")
+    parser.add_argument("--rules", default="", help="collective rules, e.g. 'all_to_all_v<=64KB:bruck,all_to_all_v:pairwise,all_reduce:ring' (default: native)")
+    parser.add_argument("--local-world-size", type=positive_int, default=None, help="ranks per node for 'hierarchical' (default: LOCAL_WORLD_SIZE)")
+    parser.add_argument("--hosts-per-rack", type=positive_int, default=None, help="ranks per rack for 'opera' (default: the node size)")
+    parser.add_argument("--bulk-threshold", default="15MB", help="opera: blocks at least this large wait for their direct circuit (0: all)")
+    parser.add_argument("--iters", type=positive_int, default=3, help="passes over the trace; each entry reports its median")
+    parser.add_argument("--per-op", action="store_true", help="print every collective, not only the per-phase totals")
+    parser.add_argument("--json", default="", help="write every rank's report here")
+    parser.add_argument("--timeout-s", type=positive_float, default=120.0, help="timeout of every collective")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -644,33 +658,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # usage errors (code 2) and --help (0) return like every other error
         return int(e.code or 0)
-    from .comm.replay import replay_command
-    from .planning.plan_cli import plan_command
-    from .topology.study import simulate_command
 
-    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan_command,
-                "replay": replay_command, "simulate": simulate_command,
-                "calibrate": lambda a: _calibrate(a, argv)}
-    from .comm import CollectiveError
-    from .train.checkpoint import CheckpointError
+    def replay(a: argparse.Namespace) -> int:
+        from .comm.replay import replay_command
 
+        return replay_command(a)
+
+    def plan(a: argparse.Namespace) -> int:
+        from .planning.plan_cli import plan_command
+
+        return plan_command(a)
+
+    def simulate(a: argparse.Namespace) -> int:
+        from .topology.study import simulate_command
+
+        return simulate_command(a)
+
+    # each command imports what it runs: config, plan and simulate never import torch
+    handlers = {"train": lambda a: _train(a, argv), "config": _config, "info": _info, "plan": plan,
+                "replay": replay, "simulate": simulate, "calibrate": lambda a: _calibrate(a, argv)}
     try:
         return handlers[args.command](args)
-    except (ValueError, OSError, FloatingPointError, CheckpointError) as e:
-        if getattr(args, "verbose", False):
+    except Exception as e:  # noqa: BLE001 - what is ours is said in one line, the rest raised
+        checkpoint_error = _loaded("neo_train.train.checkpoint.files", "CheckpointError")
+        said = (ValueError, OSError, FloatingPointError) + checkpoint_error
+        collective_error = _loaded("neo_train.comm.interface", "CollectiveError")
+        if getattr(args, "verbose", False) or not isinstance(e, said + collective_error):
             raise
+        if not isinstance(e, said):  # a peer died or hung: one line naming this rank and the collective
+            print(f"neo-train: error: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 1
         if isinstance(e, ValueError):  # ours: written to be read whole (a planner's report may take lines)
             text = str(e)
         else:
-            text = str(e) if isinstance(e, (FileNotFoundError, CheckpointError)) else f"{type(e).__name__}: {e}"
+            text = str(e) if isinstance(e, (FileNotFoundError,) + checkpoint_error) else f"{type(e).__name__}: {e}"
             text = (text.splitlines() or [""])[0]
         print(f"neo-train: error: {text}", file=sys.stderr)
         return 2
-    except CollectiveError as e:  # a peer died or hung: one line naming this rank and the collective
-        if getattr(args, "verbose", False):
-            raise
-        print(f"neo-train: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
+
+
+def _loaded(module: str, name: str) -> tuple[type, ...]:
+    """(the class ``name`` of ``module``,) where the command imported that module, else (): an
+    error of a module that was never imported cannot have been raised, so the check imports
+    nothing (``neo_train.comm`` and ``neo_train.train`` import torch)."""
+    mod = sys.modules.get(module)
+    return (getattr(mod, name),) if mod is not None else ()
 
 
 if __name__ == "__main__":

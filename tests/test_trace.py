@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from neo_train.comm.replay import ReplayReport, add_replay_arguments, check_traces, replay, replay_command
+from neo_train.cli import build_parser
+from neo_train.comm.replay import ReplayReport, check_traces, replay, replay_command
 from neo_train.comm.trace import TraceError, TracingCommunicator, load_trace
 from neo_train.testing import run_ranks
 
@@ -168,11 +169,9 @@ def test_replay_runs_and_reports_next_to_the_recording(train_traces, rules):
 
 
 def test_replay_command_spawns_local_ranks(train_traces, tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    add_replay_arguments(parser)
     out = tmp_path / "report.json"
-    args = parser.parse_args([str(Path(train_traces[0]).parent), "--rules", "all_to_all_v:pairwise", "--iters", "1",
-                              "--json", str(out), "--per-op"])
+    args = build_parser().parse_args(["replay", str(Path(train_traces[0]).parent), "--rules", "all_to_all_v:pairwise",
+                                      "--iters", "1", "--json", str(out), "--per-op"])
     assert replay_command(args) == 0
     text = capsys.readouterr().out
     assert "replay of rank 0's trace, rules: all_to_all_v:pairwise" in text and "input_dist" in text

@@ -17,7 +17,6 @@ bad set of traces is an error naming the file and entry, not a hang.
 """
 from __future__ import annotations
 
-from ..config import positive_float, positive_int
 import argparse
 import json
 import os
@@ -32,7 +31,7 @@ import torch
 from .interface import Communicator
 from .trace import TraceError, load_trace, torch_dtype
 
-__all__ = ["replay", "ReplayReport", "ReplayRow", "check_traces", "resolve_traces", "replay_command", "add_replay_arguments"]
+__all__ = ["replay", "ReplayReport", "ReplayRow", "check_traces", "resolve_traces", "replay_command"]
 
 
 @dataclass
@@ -249,19 +248,6 @@ def replay(
 
 
 # ---- the CLI entry point ------------------------------------------------------------------------
-def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``neo-train replay``."""
-    parser.add_argument("traces", nargs="+", help="per-rank trace files in rank order, or one directory of trace_rank{r}.json")
-    parser.add_argument("--rules", default="", help="collective rules, e.g. 'all_to_all_v<=64KB:bruck,all_to_all_v:pairwise,all_reduce:ring' (default: native)")
-    parser.add_argument("--local-world-size", type=positive_int, default=None, help="ranks per node for 'hierarchical' (default: LOCAL_WORLD_SIZE)")
-    parser.add_argument("--hosts-per-rack", type=positive_int, default=None, help="ranks per rack for 'opera' (default: the node size)")
-    parser.add_argument("--bulk-threshold", default="15MB", help="opera: blocks at least this large wait for their direct circuit (0: all)")
-    parser.add_argument("--iters", type=positive_int, default=3, help="passes over the trace; each entry reports its median")
-    parser.add_argument("--per-op", action="store_true", help="print every collective, not only the per-phase totals")
-    parser.add_argument("--json", default="", help="write every rank's report here")
-    parser.add_argument("--timeout-s", type=positive_float, default=120.0, help="timeout of every collective")
-
-
 def _hint(args: argparse.Namespace):
     from .schedules import TopologyHint
     from .schedules.rules import parse_bytes

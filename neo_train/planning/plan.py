@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import Enum
 from typing import Iterable, Mapping
 
@@ -115,10 +116,19 @@ class ShardingPlan:
 
     # ---- lookup -------------------------------------------------------------------------------
     def __getitem__(self, table: str) -> TablePlan:
+        tp = self._by_table.get(table)
+        if tp is None:
+            raise KeyError(f"plan has no table '{table}'")
+        return tp
+
+    @cached_property
+    def _by_table(self) -> dict[str, TablePlan]:
+        """Table name -> its plan, the first where a name repeats (``validate`` refuses that); built
+        on the first lookup: a planner looks up every table several times."""
+        out: dict[str, TablePlan] = {}
         for tp in self.tables:
-            if tp.table == table:
-                return tp
-        raise KeyError(f"plan has no table '{table}'")
+            out.setdefault(tp.table, tp)
+        return out
 
     @property
     def num_nodes(self) -> int:
