@@ -272,9 +272,9 @@ def steady_collectives(collectives: list[dict[str, Any]], steady_steps: int) -> 
     return [c for c in collectives if c["n"] >= steady_steps]
 
 
-def predict(case: dict[str, Any], cal, warmup: int, free_core: bool = False) -> dict[str, Any]:
-    """``neo-train simulate --trace --calibration``'s computation on one recorded case (``free_core``:
-    its ``--free-core``)."""
+def predict(case: dict[str, Any], cal, warmup: int, free_core: bool = True) -> dict[str, Any]:
+    """``neo-train simulate --trace --calibration``'s computation on one recorded case (``free_core``
+    False: its ``--no-free-core``)."""
     from neo_train.topology.trace_input import load_trace, trace_transports
     from neo_train.topology.trace_sim import simulate_calibrated, validate_timeline
 
@@ -566,12 +566,12 @@ def write_png(path: str, report: dict[str, Any]) -> None:
 
 
 def judge(W: int, cases: list[tuple[int, str, str]], cases_w: list[dict[str, Any]], jobs: list[tuple], warmup: int,
-          repeats: int, rows: list, baseline: list, free_rows: list, cals: dict[str, Any]) -> None:
+          repeats: int, rows: list, baseline: list, no_free_rows: list, cals: dict[str, Any]) -> None:
     """Predict this W's recorded cases (``cases_w``, ``record``'s rows) with each calibration of
     ``jobs`` ((label, the mode whose runs it predicts or None for all, calibration, busy_s,
     overlap_s, what to print beside it)), print a line per case and append the merged rows: the
-    model to ``rows``, the ranks resuming together to ``baseline``, the free core option to
-    ``free_rows``."""
+    model to ``rows``, the ranks resuming together to ``baseline``, the model without the free core
+    rule (``--no-free-core``) to ``no_free_rows``."""
     for name, mode, cal, busy_s, overlap_s, shown in jobs:
         cals[f"{W}:{name}" + (f":{mode}" if mode else "")] = cal
         print(f"[{name}{shown}] {cal.table()}", flush=True)
@@ -585,8 +585,8 @@ def judge(W: int, cases: list[tuple[int, str, str]], cases_w: list[dict[str, Any
             rows.append(row)
             baseline.append(merge_repeats([c | predict(c, together, warmup) for c in mine])
                             | {"calibration": f"{name}, together"})
-            free_rows.append((merge_repeats([c | predict(c, cal, warmup, free_core=True) for c in mine])
-                              if cal.core_per_rank else row) | {"calibration": f"{name}, free core"})
+            no_free_rows.append((merge_repeats([c | predict(c, cal, warmup, free_core=False) for c in mine])
+                                 if cal.core_per_rank else row) | {"calibration": f"{name}, no free core"})
             each = (" (each recording: " + ", ".join(f"{x['step_mean_error']:+.1%}" for x in row["repeats"]) + ")"
                     if repeats > 1 else "")
             print(f"W={W} {p:<5} {m:<9} {name:<4} step {row['measured_step_mean_ms']:7.2f} ms measured, "
@@ -600,7 +600,7 @@ def _num(x: float, fmt: str) -> str:
     return format(x, fmt) if math.isfinite(x) else "-".rjust(len(format(0.0, fmt)))
 
 
-def print_report(rows: list, baseline: list, free_rows: list, repeats: int) -> None:
+def print_report(rows: list, baseline: list, no_free_rows: list, repeats: int) -> None:
     """The tables after the cases: per case, per collective, per calibration and W."""
     print(f"\npredicted vs measured (means over steady steps, judged; the medians' error beside; 'coll' = the worst "
           f"per-collective error of those every step runs, on means; goals: step +-{STEP_GOAL:.0%}, collective "
@@ -633,9 +633,9 @@ def print_report(rows: list, baseline: list, free_rows: list, repeats: int) -> N
                   f"{c.get('predicted_blocked_mean_s', c['predicted_blocked_s']) * 1e3:7.3f}{net}")
     print("\nper calibration and W: steps within the goal, median over cases of the step error, collective rows within the goal "
           "and within it widened by twice the launches' standard error ('together': the same calibration without "
-          "return lags, the ranks resuming together; 'free core': with simulate --free-core, which moves only "
+          "return lags, the ranks resuming together; 'no free core': with simulate --no-free-core, which moves only "
           "where the host has a core per rank)")
-    for label, W, within, n, med, cw, cn, cnoise in summary_by_world(rows + baseline + free_rows):
+    for label, W, within, n, med, cw, cn, cnoise in summary_by_world(rows + baseline + no_free_rows):
         print(f"  {label:<14} W={W if W else 'all':<3} steps {within:>2}/{n:<2} median {med:+6.1%}   collectives "
               f"{cw:>3}/{cn}" + (f"   with the launches' error {cnoise:>3}/{cn}" if repeats > 1 else ""))
 
@@ -720,7 +720,7 @@ def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     baseline: list[dict[str, Any]] = []
-    free_rows: list[dict[str, Any]] = []
+    no_free_rows: list[dict[str, Any]] = []
     cals: dict[str, Any] = {}
     for W in sorted({c[0] for c in cases}):
         jobs: list[tuple[str, str | None, Any, float, Any, str]] = []
@@ -735,15 +735,15 @@ def rescore(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             cal = fitted[(W, mode)]
             gap, overlap = float(cal.meta.get("busy_s") or cal.busy_s), cal.meta.get("overlap_s")
             jobs.append(("busy", mode, cal, gap, overlap, f", {mode} runs: compute bursts {gap * 1e3:.2f} ms"))
-        judge(W, cases, [c for c in cases_all if c["W"] == W], jobs, warmup, repeats, rows, baseline, free_rows, cals)
-    print_report(rows, baseline, free_rows, repeats)
+        judge(W, cases, [c for c in cases_all if c["W"] == W], jobs, warmup, repeats, rows, baseline, no_free_rows, cals)
+    print_report(rows, baseline, no_free_rows, repeats)
     total = time.perf_counter() - t_start
     print(f"\n{len(rows)} cases rescored in {total:.0f} s")
     run_args = saved.get("args", {}) | {"warmup": warmup, "repeats": repeats, "judged": JUDGED, "rescored": str(src)}
     report = {"benchmark": "sim_validation", "machine": machine, "args": run_args,
               "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
-              "rows": rows, "baseline_rows": baseline, "free_core_rows": free_rows, "seconds": total}
+              "rows": rows, "baseline_rows": baseline, "no_free_core_rows": no_free_rows, "seconds": total}
     write_outputs(report, args.json, args.png, write_png)
     return 0
 
@@ -831,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     baseline: list[dict[str, Any]] = []  # the same calibrations with the ranks resuming together
-    free_rows: list[dict[str, Any]] = []  # the same with the free core option (differs only at a core per rank)
+    no_free_rows: list[dict[str, Any]] = []  # the same without the free core rule (differs only at a core per rank)
     cals: dict[str, Any] = {}
     recorded: list[dict[str, Any]] = []
     run_args = {"preset": cfg.name, "batch_size": cfg.train.batch_size, "device": args.device, "steps": steps, "warmup": warmup,
@@ -868,14 +868,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"{cal.meta['compute_share']:.0%}")
                 jobs.append(("busy", mode, cal, gap, overlap_s,
                              f", {mode} runs: compute bursts {gap * 1e3:.2f} ms, overlap {shown}"))
-        judge(W, cases, cases_w, jobs, warmup, repeats, rows, baseline, free_rows, cals)
-    print_report(rows, baseline, free_rows, repeats)
+        judge(W, cases, cases_w, jobs, warmup, repeats, rows, baseline, no_free_rows, cals)
+    print_report(rows, baseline, no_free_rows, repeats)
     total = time.perf_counter() - t_start
     print(f"\n{len(rows)} cases in {total:.0f} s; load {_load():.2f}")
     report = {"benchmark": "sim_validation", "machine": machine,
               "args": run_args, "goals": {"step": STEP_GOAL, "collective": COLL_GOAL},
               "calibrations": {k: c.to_dict() for k, c in cals.items()},
-              "rows": rows, "baseline_rows": baseline, "free_core_rows": free_rows, "seconds": total}
+              "rows": rows, "baseline_rows": baseline, "no_free_core_rows": no_free_rows, "seconds": total}
     write_outputs(report, args.json, args.png, write_png)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

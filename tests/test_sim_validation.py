@@ -1097,6 +1097,53 @@ def test_each_rank_resumes_at_the_end_plus_its_own_lag(tmp_path):
     assert len(calibrated_return_lags(cal, seed=0)("all_to_all", [0, 1], even)) == 2
 
 
+def test_each_rank_leaves_in_its_recorded_order(tmp_path):
+    """``trace_input.leave_order``: the ranks' order in leaving each collective they waited for, on
+    the wall clock (a call's ``startTime_ns``, the blocks after it by their compute and length), and
+    ``calibrated_return_lags`` giving the lags in that order: the first to leave none, the others
+    the same draws sorted, so the set of lags is the unordered one's and only who gets which moves."""
+    from neo_train.topology.trace_input import leave_order, rank_timelines
+
+    traces = load_trace(_hand_trace(tmp_path / "tr"))
+    # rank 1's blocking all-to-all began 0.5 ms after rank 0's and both lasted 1 ms: rank 0 left first;
+    # rank 1's async all-to-all began 0.2 ms earlier than rank 0's, and its wait ended 0.5 ms sooner
+    for r, t0 in ((0, 0), (1, MS // 2)):
+        traces[r][0]["startTime_ns"] = t0
+        traces[r][1]["startTime_ns"] = 10 * MS + (MS // 5 if r == 0 else 0)
+        traces[r][2]["startTime_ns"] = 20 * MS
+        traces[r][3]["startTime_ns"] = 30 * MS + (0 if r == 1 else MS)
+    blocks, colls = rank_timelines(traces)
+    order = leave_order(blocks, colls)
+    key = {(k[0][0], k[1]): k for k in colls}  # (process group, its k-th collective)
+    first, ids, bucket, last = key[(0, 0)], key[(0, 1)], key[(1, 0)], key[(0, 2)]
+    assert order[first] == {0: 0, 1: 1}
+    # the waits: rank 0 left at 10.2 + 0.1 + 2 + 1 = 13.3 ms, rank 1 at 10 + 0.1 + 0.5 + 0.5 = 11.1
+    assert order[ids] == {1: 0, 0: 1}
+    assert order[last] == {1: 0, 0: 1}  # began at 30 and 31 ms, 1 ms each
+    assert bucket in order  # joined at the backward's end, anchored on its launch
+    # a rank timed on the device's clock cannot be placed: the collectives it waited for are left out
+    traces[0][3]["clock"] = "cuda"
+    assert last not in leave_order(*rank_timelines(traces))
+
+    cal = _cal(3)
+    cal.kinds = {k: dataclasses.replace(f, latency_s={2: 1e-3, 3: 1e-3}, spread_s={3: 1e-3})
+                 for k, f in cal.kinds.items()}
+    for seed in range(20):
+        free = calibrated_return_lags(cal, seed=seed)("all_to_allv", [0, 1, 2], {r: {} for r in range(3)})
+        placed = calibrated_return_lags(cal, seed=seed)("all_to_allv", [0, 1, 2],
+                                                        {0: {"_leave": 2}, 1: {"_leave": 0}, 2: {"_leave": 1}})
+        assert sorted(placed.values()) == pytest.approx(sorted(free.values()))
+        assert placed[1] == 0.0 <= placed[2] <= placed[0]
+    # the timeline gives each collective's ranks their places (``_leave`` in the entries the lags see)
+    seen = {}
+
+    def spy(kind, group, by_rank):
+        seen[len(seen)] = {r: e.get("_leave") for r, e in by_rank.items()}
+        return {}
+    timeline_phases(load_trace(_hand_trace(tmp_path / "tr2")), calibrated_collectives(_cal()), spy)
+    assert seen and all(set(v.values()) == {0, 1} for v in seen.values())
+
+
 def test_async_collectives_use_the_calibration_for_launched_collectives(tmp_path):
     """The hand-made trace's asynchronous all-to-all and all-reduce take the async fit (alpha 2 ms
     and 3 ms instead of 1 and 2); the blocking all-to-alls keep the blocking one."""
@@ -1281,7 +1328,8 @@ def test_free_core_time_ends_an_all_reduce_starved_while_its_ranks_compute(tmp_p
     share as a weighted sum end it at 4.1. As rates (``RATE_MIX``, the default) the model itself
     ends it sooner: the idle share's 1.9 ms at the blocking pace less the 1.5 ms computed over it at
     the asynchronous one, 0.1 + 1.5 + 1.9 (1 - 1.5 / 8) = 3.14 ms, so the free core time moves
-    nothing there. Off by default, and off where the host had fewer cores than ranks."""
+    nothing there. On by default (``FREE_CORE``; ``free_core=False`` turns it off), and off where the
+    host had fewer cores than ranks."""
     from neo_train.topology import trace_sim
     from neo_train.topology.trace_sim import free_core_latency, free_core_times, simulate_calibrated
 
@@ -1307,17 +1355,18 @@ def test_free_core_time_ends_an_all_reduce_starved_while_its_ranks_compute(tmp_p
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trace_sim, "IDLE_TOLERANCE", 1e-9)
-        rates = ends(passes=60)
+        rates = ends(free_core=False, passes=60)
         assert rates == {"all_reduce": pytest.approx(0.1 + 1.5 + 1.9 * (1 - 1.5 / 8), abs=1e-4),
                          "all_to_allv": pytest.approx(1.6)}
-        assert ends(free_core=True, passes=60) == pytest.approx(rates)
+        assert ends(passes=60) == pytest.approx(rates)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(calibrate, "RATE_MIX", False)
-        model = ends()
+        model = ends(free_core=False)
         assert model["all_reduce"] > 4.0 and model["all_to_allv"] == pytest.approx(1.6)
-        assert ends(free_core=True) == {"all_reduce": pytest.approx(3.5), "all_to_allv": pytest.approx(1.6)}
-        cal.meta = {"cpus": 1}
+        assert ends() == {"all_reduce": pytest.approx(3.5), "all_to_allv": pytest.approx(1.6)}  # the default
         assert ends(free_core=True) == ends()
+        cal.meta = {"cpus": 1}
+        assert ends() == ends(free_core=False)
 
 
 # ---- the command line: errors name the file, rank and field -------------------------------------
@@ -1370,13 +1419,14 @@ def test_simulate_with_a_calibration_for_another_machine(tmp_path, capsys):
     rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok, "--warmup-steps", "0"], capsys)
     assert rc == 0, err
     assert "predicted vs measured, 1 steady steps" in out and "cluster: calibrated gloo/cpu, shared fabric" in out
-    # the free core option: with a calibration only
-    rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok, "--warmup-steps", "0", "--free-core"], capsys)
-    assert rc == 0 and "predicted vs measured, 1 steady steps" in out, err
-    rc, out, err = _cli(["simulate", "--trace", tr, "--network", "flat", "--free-core"], capsys)
-    assert rc == 2 and "--free-core applies to --calibration" in err
-    rc, out, err = _cli(["simulate", "--nodes", "16", "--free-core"], capsys)
-    assert rc == 2 and "--free-core applies to --trace only" in err
+    # the free core rule (on by default): either flag with a calibration only
+    for flag in ("--free-core", "--no-free-core"):
+        rc, out, err = _cli(["simulate", "--trace", tr, "--calibration", ok, "--warmup-steps", "0", flag], capsys)
+        assert rc == 0 and "predicted vs measured, 1 steady steps" in out, err
+        rc, out, err = _cli(["simulate", "--trace", tr, "--network", "flat", flag], capsys)
+        assert rc == 2 and f"{flag} applies to --calibration" in err
+        rc, out, err = _cli(["simulate", "--nodes", "16", flag], capsys)
+        assert rc == 2 and f"{flag} applies to --trace only" in err
 
 
 def test_traces_with_broken_timelines_are_named(tmp_path):
@@ -1433,14 +1483,14 @@ def test_benchmark_quick(tmp_path):
         b = base[(r["W"], r["plan"], r["mode"], r["calibration"] + ", together")]
         assert b["measured_step_ms"] == r["measured_step_ms"] and b["predicted_step_ms"] > 0
     assert "together" in proc.stdout
-    # and with the free core option, which moves predictions only where the host had a core per rank
-    free = {(r["W"], r["plan"], r["mode"], r["calibration"]): r for r in report["free_core_rows"]}
+    # and without the free core rule, which moves predictions only where the host had a core per rank
+    free = {(r["W"], r["plan"], r["mode"], r["calibration"]): r for r in report["no_free_core_rows"]}
     for r in report["rows"]:
-        f = free[(r["W"], r["plan"], r["mode"], r["calibration"] + ", free core")]
+        f = free[(r["W"], r["plan"], r["mode"], r["calibration"] + ", no free core")]
         assert f["measured_step_ms"] == r["measured_step_ms"] and f["predicted_step_ms"] > 0
         if r["W"] > (os.cpu_count() or 1):
             assert f["predicted_step_ms"] == r["predicted_step_ms"]
-    assert "free core" in proc.stdout
+    assert "no free core" in proc.stdout
     # the kept run judged again (--rescore): the same rows, the calibrations refitted from their samples
     assert json.loads((keep / "recorded.json").read_text())["args"]["warmup"] == report["args"]["warmup"]
     again = tmp_path / "again.json"
@@ -1519,8 +1569,8 @@ def test_a_kept_run_is_judged_again_with_this_codes_model(run_trace, tmp_path, c
     assert row["predicted_step_mean_ms"] == pytest.approx(direct["predicted_step_mean_ms"], rel=1e-9)
     assert row["measured_step_mean_ms"] == pytest.approx(direct["measured_step_mean_ms"], rel=1e-9)
     assert [c["error"] for c in row["collectives"]] == pytest.approx([c["error"] for c in direct["collectives"]])
-    assert {r["calibration"] for r in report["baseline_rows"] + report["free_core_rows"]} == {
-        "busy, together", "busy, free core"}
+    assert {r["calibration"] for r in report["baseline_rows"] + report["no_free_core_rows"]} == {
+        "busy, together", "busy, no free core"}
     # without recorded.json: the trainer's figures unknown, shown as '-'; the default warm-up
     (keep / "recorded.json").unlink()
     assert sv.main(["--rescore", str(keep), "--json", str(out)]) == 0

@@ -250,7 +250,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     if not args.trace:  # these describe a recorded run; a model's compute comes from its roofline
         given = [flag for flag, v in (("--compute", args.compute), ("--calibration", args.calibration),
                                       ("--warmup-steps", args.warmup_steps is not None),
-                                      ("--free-core", getattr(args, "free_core", False))) if v]
+                                      (f"--{'' if getattr(args, 'free_core', None) else 'no-'}free-core",
+                                       getattr(args, "free_core", None) is not None)) if v]
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --trace only "
                              "(they describe a recorded run)")

@@ -613,12 +613,14 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
     all at once). ``idle``: {collective key: the share of its time its ranks wait idle for it}
     (``trace_sim.idle_shares`` of an earlier simulation), which the factory and ``return_lags``
     see as ``_idle`` in its entries, as they see ``_concurrent``, ``_company`` (``live_company``),
-    ``_after`` (``compute_after``) and ``_over`` (``compute_over``)."""
+    ``_after`` (``compute_after``) and ``_over`` (``compute_over``), and each rank's entry its place
+    in leaving it as ``_leave`` (``leave_order``)."""
     blocks, colls = rank_timelines(traces)
     concurrent = concurrent_collectives(blocks)
     company = live_company(blocks, colls)
     after = compute_after(blocks)
     over = compute_over(blocks)
+    leave = leave_order(blocks, colls)
     idle = idle or {}
     lags: dict[tuple, Mapping[int, float]] = {}
     phases: list[Phase] = []
@@ -636,6 +638,8 @@ def timeline_phases(traces: Mapping[int, list], factory: CollectiveFactory,
                                   ("_idle", idle.get(key)), ("_after", after.get(key)), ("_over", over.get(key))) if v}
         if seen:
             by_rank = {r: dict(e, **seen) for r, e in by_rank.items()}
+        if key in leave:  # each rank's place in leaving it (``leave_order``)
+            by_rank = {r: dict(e, _leave=leave[key][r]) for r, e in by_rank.items()}
         made = factory(kind, group, by_rank, f"{kind}:{_phase(e0)}:{key[0][0]}:{key[1]}", ())
         if made is None:
             local.add(key)
@@ -705,6 +709,37 @@ def compute_after(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, float]:
                 for k in b.colls:
                     seen.setdefault(k, []).append(nxt.compute)
     return {k: sum(v) / len(v) for k, v in seen.items()}
+
+
+def leave_order(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]]
+                ) -> dict[tuple, dict[int, int]]:
+    """{key: {rank: its place in leaving the collective, 0 the first}} for the collectives the
+    ranks waited for (a blocking call, or a wait that joined it), by the host's wall clock: each
+    call is anchored at its entry's ``startTime_ns`` and the blocks after it follow by their
+    recorded compute and length. Only for ranks on the host clock (a CUDA trace's times are the
+    stream's, not the wall's); a collective some of whose ranks cannot be placed is left out. In
+    the runs the ranks that leave a collective late compute less after it (measured; a scheduler
+    that runs a rank that slept first would do that), so the compute replayed after it belongs
+    with the order it was recorded in (``trace_sim.calibrated_return_lags``, ``ORDERED_LAGS``)."""
+    left: dict[tuple, dict[int, float]] = {}
+    for rank, mine in blocks.items():
+        wall: float | None = None  # the end of the rank's previous block on the wall clock, seconds
+        for b in mine:
+            e = colls.get(b.colls[0], {}).get(rank) if b.kind == "call" else None
+            if e is not None and e.get("clock") != "cuda" and e.get("startTime_ns") is not None:
+                wall = e["startTime_ns"] / 1e9 + b.blocked
+            elif wall is not None and b.kind != "call":
+                wall += b.compute + b.blocked
+            else:
+                wall = None
+            if wall is not None and (b.kind == "wait" or b.sync):
+                for k in b.colls:
+                    left.setdefault(k, {})[rank] = wall
+    out = {}
+    for k, by_rank in left.items():
+        if len(by_rank) == len(colls.get(k, {})) and len(by_rank) > 1:
+            out[k] = {r: i for i, r in enumerate(sorted(by_rank, key=by_rank.__getitem__))}
+    return out
 
 
 def compute_over(blocks: Mapping[int, Sequence[Block]]) -> dict[tuple, float]:

@@ -74,10 +74,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: simulate on the calibrated model of the machine that recorded it (a file from "
                         "neo-train calibrate --nproc W --out FILE) and print predicted vs measured step and "
                         "collective times")
-    p.add_argument("--free-core", action="store_true",
+    p.add_argument("--free-core", action=argparse.BooleanOptionalAction, default=None,
                    help="with --calibration: an asynchronous all-reduce on a host with a core per rank ends once its "
-                        "ranks have left it the blocking latency of free core time (an option: simulate_calibrated's "
-                        "free_core, notes/sim_validation.md, 2026-11-28)")
+                        "ranks have left it the blocking latency of free core time (default: on; --no-free-core: "
+                        "off; simulate_calibrated's free_core, notes/sim_validation.md, 2026-11-28 and 2026-11-29)")
     p.add_argument("--warmup-steps", type=nonnegative_int, default=None,
                    help=f"with --trace and recorded compute: steps left out of predicted vs measured "
                         f"(default {WARMUP_STEPS})")
@@ -214,13 +214,28 @@ def calibrated_collectives(cal: Calibration, free: Mapping[str, Sequence[tuple[f
     return make
 
 
+ORDERED_LAGS = True
+"""``calibrated_return_lags`` hands the drawn lags out in the run's order of leaving each
+collective (``trace_input.leave_order``). The ranks' compute after a collective is replayed as
+recorded, and on a host with fewer cores than ranks it depends on that order: the rank that left
+last computes less after it (measured, W = 4 plain runs of FG:
+correlation −0.23 to −0.30 between a rank's place in leaving DDP's bucket and its compute up to the
+next step's ids), so lags drawn at random spread the next collective's arrivals wider than the run's
+(W = 4 TW plain's ids: 5.2 ms against 4.4; notes/sim_validation.md, "2026-11-28, session 30").
+Built in session 33 together with ``FREE_CORE``: W = 4 TW plain's ids +22.9 -> +10.1 % on average
+over eleven runs ("2026-11-29, session 33"). False: the random order (tests, comparisons)."""
+
+
 def calibrated_return_lags(cal: Calibration, seed: int = 0):
     """A ``timeline_phases`` ``return_lags`` from the calibration's spread: the ranks that wait for
     a collective (in a blocking call, or a wait that blocks) do not resume together. It ends when
     the first of them returns (alpha, or an asynchronous collective's D, is fitted to that); one
-    rank, drawn at random, resumes then, and each other after an exponential lag of mean
-    ``spread * g / (g - 1)``, so the mean return over the ranks is the calibrated cell's while the
-    last one, which the next collective waits for, is as late as on the host. A rank that reaches
+    rank resumes then, and each other after an exponential lag of mean ``spread * g / (g - 1)``,
+    so the mean return over the ranks is the calibrated cell's while the last one, which the next
+    collective waits for, is as late as on the host. Which rank gets which lag is the run's order
+    of leaving it (``_leave`` in its entries, ``trace_input.leave_order``; ``ORDERED_LAGS``): the
+    first to leave none, the others the drawn lags sorted; where the trace does not place its
+    ranks, at random (one rank drawn to resume at the end). A rank that reaches
     its wait after the end plus its lag resumes at once. Draws from ``seed``, in the trace's order
     of collectives: the same trace and seed give the same timeline. The spread of an asynchronous
     collective mixes in the blocking one by the share of its time its ranks wait idle for it
@@ -237,8 +252,16 @@ def calibrated_return_lags(cal: Calibration, seed: int = 0):
         m = cal.spread(k, g, bool(e0.get("async")), float(e0.get("_idle", 0.0)))  # 0 for one
         if m <= 0:
             return {}
-        out = dict(zip(group, rng.exponential(m * g / (g - 1), g).tolist()))
-        out[group[int(rng.integers(g))]] = 0.0
+        drawn = rng.exponential(m * g / (g - 1), g).tolist()
+        first = int(rng.integers(g))
+        place = {r: by_rank[r].get("_leave") for r in group if r in by_rank}
+        if ORDERED_LAGS and len(place) == g and None not in place.values():
+            # the same draws, the rank that left first in the run at 0 and the others' lags in their order
+            ordered = sorted(group, key=place.__getitem__)
+            out = {ordered[0]: 0.0} | dict(zip(ordered[1:], sorted(drawn[:first] + drawn[first + 1:])))
+        else:
+            out = dict(zip(group, drawn))
+            out[group[first]] = 0.0
         extra = cal.lag_after(k, g, float(e0.get("_after", 0.0))) * g / (g - 1)  # on the g - 1 that lag
         return {r: v + extra if v > 0 else v for r, v in out.items()} if extra > 0 else out
 
@@ -405,8 +428,17 @@ def free_core_latency(segments: Sequence[tuple[float, float, float]], need: floa
     return math.inf
 
 
+FREE_CORE = True
+"""``simulate_calibrated``'s default for ``free_core`` (``neo-train simulate --trace --calibration``
+with ``--no-free-core`` turns it off): an option from session 27 to 32, the default since session 33,
+when it and ``ORDERED_LAGS`` together gave 1215 of 1232 collective rows over eleven kept runs of the
+AMD EPYC VM against 1203 without them (W = 2's DDP buckets +16.6 -> +0.4 % on average for TW
+pipelined, +19.6 -> +5.3 % for RW pipelined), the steps 24/24 in each, and no run lost a row
+(notes/sim_validation.md, "2026-11-29, session 33")."""
+
+
 def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: int = 0, passes: int = IDLE_PASSES,
-                        free_core: bool = False, **simulate_kw: Any) -> tuple[Timeline, SimResult, int]:
+                        free_core: bool = FREE_CORE, **simulate_kw: Any) -> tuple[Timeline, SimResult, int]:
     """The trace's per-rank chains on the calibrated fabric, with return lags (``seed``), simulated
     until the idle shares settle (``idle_shares``, ``IDLE_PASSES``): (timeline, result, passes run).
     An asynchronous collective costs what the calibration's asynchronous fit says while its ranks
@@ -415,18 +447,18 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     fewer cores than ranks, only the time all of a collective's ranks wait for it at once counts:
     ``IDLE_TOGETHER``). The result's ``wall_seconds`` is what all the passes took.
 
-    ``free_core`` (an option, off by default; where the calibrated host had a core for each rank,
+    ``free_core`` (``FREE_CORE``, on by default; where the calibrated host had a core for each rank,
     ``Calibration.core_per_rank``): a transport there is starved while its ranks compute (a W = 2
     all-reduce under any compute completes once the compute ends; notes/sim_validation.md,
     "2026-11-28, session 27"), so an asynchronous all-reduce ends once its ranks' free core time
     (``free_core_times``, of the pass before) reaches the blocking fit's latency, where that is
     sooner than the model above. On three runs of the AMD EPYC VM it moved W = 2's DDP bucket from
-    +5 to +46 % to −11 to +32 % (rows 106 -> 108 and 109 -> 110 offline, 109 -> 111 in a fresh run);
-    not the default: where that bucket was −4 to +22 % without it (the Intel host's runs, and run FH on
-    the AMD host) it shortens the bucket too far (FH: 108 -> 106 rows; notes/sim_validation.md,
-    "2026-11-28, session 30"). With the fits combined as rates (``calibrate.RATE_MIX``) the model is
-    this rule with some progress while the ranks compute, and the option moves little (984 -> 989
-    rows over nine runs; "2026-11-28, session 31")."""
+    +5 to +46 % to −11 to +32 % (rows 106 -> 108 and 109 -> 110 offline, 109 -> 111 in a fresh run).
+    Where that bucket was −4 to +22 % without it (the Intel host's runs, and run FH on the AMD host) it
+    shortens the bucket too far (FH: 108 -> 106 rows under session 30's model; "2026-11-28, session
+    30"), so it was an option until session 33; with the fits combined as rates (``calibrate.RATE_MIX``)
+    the model is this rule with some progress while the ranks compute, and it costs FH nothing more
+    (``FREE_CORE``). The Intel host's runs were not kept, so they have not been rescored with it."""
     net = cal.network()
     free_core = free_core and cal.core_per_rank
     idle: dict[tuple, float] = {}
@@ -636,8 +668,10 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
     world = trace_world_size(traces)
     check_compute_markers(trace_markers(traces), compute, "--compute")
     calibration = getattr(args, "calibration", None)
-    if getattr(args, "free_core", False) and not calibration:
-        raise ValueError("--free-core applies to --calibration (the calibrated model of the recording machine)")
+    free_core = getattr(args, "free_core", None)  # None: not given (the default, FREE_CORE)
+    if free_core is not None and not calibration:
+        raise ValueError(f"--{'' if free_core else 'no-'}free-core applies to --calibration (the calibrated model "
+                         "of the recording machine)")
     cal = Calibration.load(calibration) if calibration else None
     if cal is not None:
         cal.check_for(world, trace_transports(traces), f"trace {args.trace}")
@@ -698,7 +732,8 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
                   f"FILE; its ranks' own share is in the file's meta)")
         if cal is not None:
             tl, res, passes = simulate_calibrated(traces, cal, aggregate=not args.exact, fast_forward=not args.exact,
-                                                  progress=True, free_core=getattr(args, "free_core", False))
+                                                  progress=True,
+                                                  free_core=FREE_CORE if free_core is None else free_core)
             print(f"simulated {passes} time(s), each with the asynchronous collectives' idle shares of the one "
                   f"before (simulate_calibrated)")
         else:
