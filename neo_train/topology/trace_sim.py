@@ -222,7 +222,7 @@ last computes less after it (measured, W = 4 plain runs of FG:
 correlation −0.23 to −0.30 between a rank's place in leaving DDP's bucket and its compute up to the
 next step's ids), so lags drawn at random spread the next collective's arrivals wider than the run's
 (W = 4 TW plain's ids: 5.2 ms against 4.4; notes/sim_validation.md, "2026-11-28, session 30").
-Built in session 33 together with ``FREE_CORE``: W = 4 TW plain's ids +22.9 -> +10.1 % on average
+Built in session 33 together with ``FREE_CORE``: W = 4 TW plain's ids +22.1 -> +9.7 % on average
 over eleven runs ("2026-11-29, session 33"). False: the random order (tests, comparisons)."""
 
 
@@ -432,8 +432,8 @@ FREE_CORE = True
 """``simulate_calibrated``'s default for ``free_core`` (``neo-train simulate --trace --calibration``
 with ``--no-free-core`` turns it off): an option from session 27 to 32, the default since session 33,
 when it and ``ORDERED_LAGS`` together gave 1215 of 1232 collective rows over eleven kept runs of the
-AMD EPYC VM against 1203 without them (W = 2's DDP buckets +16.6 -> +0.4 % on average for TW
-pipelined, +19.6 -> +5.3 % for RW pipelined), the steps 24/24 in each, and no run lost a row
+AMD EPYC VM against 1203 without them (W = 2's DDP buckets +16.6 -> +0.5 % on average for TW
+pipelined, +19.7 -> +4.9 % for RW pipelined), the steps 24/24 in each, and no run lost a row
 (notes/sim_validation.md, "2026-11-29, session 33")."""
 
 
@@ -457,8 +457,8 @@ def simulate_calibrated(traces: Mapping[int, list], cal: Calibration, *, seed: i
     Where that bucket was −4 to +22 % without it (the Intel host's runs, and run FH on the AMD host) it
     shortens the bucket too far (FH: 108 -> 106 rows under session 30's model; "2026-11-28, session
     30"), so it was an option until session 33; with the fits combined as rates (``calibrate.RATE_MIX``)
-    the model is this rule with some progress while the ranks compute, and it costs FH nothing more
-    (``FREE_CORE``). The Intel host's runs were not kept, so they have not been rescored with it."""
+    the model is this rule with some progress while the ranks compute, and it leaves FH's count as it
+    was (``FREE_CORE``). The Intel host's runs were not kept, so they have not been rescored with it."""
     net = cal.network()
     free_core = free_core and cal.core_per_rank
     idle: dict[tuple, float] = {}

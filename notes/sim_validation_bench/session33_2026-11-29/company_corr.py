@@ -1,8 +1,10 @@
+"""Per run, the W = 2, 3, 4 busy calibrations' asynchronous all-reduce company figure (concurrent_s, ms, by group size)
+beside TWRW's node-local backward dist error under session 32's model (session 33; keeps extracted to /tmp)."""
 import json, glob
 from neo_train.topology.calibrate import Calibration, fit_calibration
-runs = "FA FB FC FD FE FF FG FH FI FJ".split()
-keep = lambda r: {"FI": "/tmp/FI/keep", "FJ": "/tmp/FJ/keep"}.get(r, f"/tmp/keeps/{r}/keep")
-res = lambda r: "/tmp/FJ/runFJ.json" if r == "FJ" else f"/tmp/s32/built_{r}.json"
+runs = "FA FB FC FD FE FF FG FH FI FJ FK".split()
+keep = lambda r: {"FI": "/tmp/FI/keep", "FJ": "/tmp/FJ/keep", "FK": "/tmp/FK/keep"}.get(r, f"/tmp/keeps/{r}/keep")
+res = lambda r: {"FJ": "/tmp/FJ/runFJ.json", "FK": "/tmp/FK/runFK.json"}.get(r, f"/tmp/s32/built_{r}.json")
 for W in (3, 4, 2):
   for mode in ("pipelined", "plain"):
     for r in runs:

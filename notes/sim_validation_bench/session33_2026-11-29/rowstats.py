@@ -1,3 +1,5 @@
+"""Every collective row over FA-FJ under session 32's model (its rescorings /tmp/s32/built_F?.json, FJ's own run):
+misses, mean error, spread over the runs, range; the top 40 by misses and |mean| (session 33)."""
 import json, statistics, sys
 from collections import defaultdict
 runs = "FA FB FC FD FE FF FG FH FI".split()

@@ -1,3 +1,6 @@
+"""One W = 2 case's steps 5-13 from its two ranks' traces: the backward output dist's launch and wait end, DDP's
+bucket's issue, completion, join wait and the compute before the join, and the bucket's net time (its last issue to
+the mean completion). usage: w2steps.py TRACE_DIR (session 33, FJ's w2_tw_pipelined)."""
 import json, sys
 d = sys.argv[1]
 tr = {r: json.load(open(f"{d}/trace_rank{r}.json")) for r in (0, 1)}
