@@ -367,15 +367,20 @@ def _few_latency(fit: KindFit, few: list[dict], xs: list[float]) -> dict[int, fl
     return {g: float(np.mean(v)) for g, v in sorted(by_group.items())}
 
 
+def _cell_units(kind: str, rows: list[dict], fabric: str) -> list[float]:
+    """Each cell's bytes on the fabric as the fit's regressor (``_unit_time`` of its group and bytes)."""
+    return [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in rows]
+
+
 def _fit_split(kind: str, rows: list[dict], fabric: str) -> tuple[KindFit, list[dict], list[float]]:
     """``_fit_kind`` over the kind's cells but those of few elements, whose latency is fitted apart
     (``_split_few``, ``_few_latency``): (the fit, the cells it took, their bytes on the fabric)."""
     main, few = _split_few(kind, rows)
-    xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in main]
+    xs = _cell_units(kind, main, fabric)
     fit = _fit_kind(main, xs)
     if few:
         fit = dataclasses.replace(fit, few_latency_s=_few_latency(
-            fit, few, [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in few]))
+            fit, few, _cell_units(kind, few, fabric)))
     return fit, main, xs
 
 
@@ -480,8 +485,7 @@ def fit_calibration(samples: Sequence[Mapping[str, Any]], *, world_size: int, tr
             second = _split_few(kind, [s for s in samples if s.get("async") and s["kind"] == kind
                                        and s.get("pass") == "concurrent"])[0]
             if any(r.get("concurrent") for r in second):
-                xs = [_unit_time(kind, int(r["group"]), float(r["bytes"]), fabric) for r in second]
-                fit = dataclasses.replace(fit, concurrent_s=_fit_kind(second, xs).concurrent_s)
+                fit = dataclasses.replace(fit, concurrent_s=_fit_kind(second, _cell_units(kind, second, fabric)).concurrent_s)
             slope, mean = _overlap_slope(main)
             async_kinds[kind] = dataclasses.replace(_relative(fit, beta_ref), overlap_slope=slope, overlap_mean_s=mean)
     return Calibration(transport, device, int(world_size), fabric, 1.0 / beta_ref, kinds, errs,

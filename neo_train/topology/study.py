@@ -52,7 +52,7 @@ from .flexflow import COMPAT_MODES, FIT_ROUND_LATENCY, FIT_TABLE_PS_PER_VALUE, F
 from .networks import NETWORKS, cluster_for, make_network
 from .simulator import SimResult, simulate
 from .spec import CLUSTER_PRESETS, ClusterSpec
-from .trace_sim import add_trace_arguments, simulate_trace
+from .trace_sim import add_trace_arguments, free_core_flag, simulate_trace
 from .workload import PLACEMENTS, IterationSpec, build_iteration, opera_model_a, opera_model_i
 
 __all__ = ["add_simulate_arguments", "simulate_command", "make_network", "run_iteration", "NETWORKS",
@@ -249,9 +249,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         _check_out_dir(args.out)
     if not args.trace:  # these describe a recorded run; a model's compute comes from its roofline
         given = [flag for flag, v in (("--compute", args.compute), ("--calibration", args.calibration),
-                                      ("--warmup-steps", args.warmup_steps is not None),
-                                      (f"--{'' if getattr(args, 'free_core', None) else 'no-'}free-core",
-                                       getattr(args, "free_core", None) is not None)) if v]
+                                      ("--warmup-steps", args.warmup_steps is not None)) if v]
+        given += [f for f in (free_core_flag(args),) if f]
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --trace only "
                              "(they describe a recorded run)")

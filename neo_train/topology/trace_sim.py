@@ -52,7 +52,7 @@ from .trace_input import (Block, Timeline, _comm_name, _dtype_bytes, _phase, che
                           has_recorded_compute, load_trace, network_collectives, timeline_phases, trace_markers,
                           trace_phases, trace_load, trace_transports, trace_world_size)
 
-__all__ = ["add_trace_arguments", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
+__all__ = ["add_trace_arguments", "free_core_flag", "simulate_trace", "trace_cluster_shape", "validate_timeline", "TraceValidation",
            "calibrated_collectives", "calibrated_return_lags", "entry_sizes", "idle_shares", "simulate_calibrated",
            "free_core_times", "free_core_latency"]
 
@@ -657,6 +657,13 @@ def _comm_only(res: SimResult) -> SimResult:
     return SimResult(res.network, res.total, keep, res.wall_seconds, res.stats)
 
 
+def free_core_flag(args: argparse.Namespace) -> str | None:
+    """The free core flag given on the command line (``--free-core`` or ``--no-free-core``), None
+    where neither was (``add_trace_arguments``): for the errors that name it."""
+    given = getattr(args, "free_core", None)
+    return None if given is None else ("--free-core" if given else "--no-free-core")
+
+
 def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_threshold: float
                    ) -> tuple[SimResult, dict[str, Any], ClusterSpec]:
     """``neo-train simulate --trace``: the recorded trace on the cluster it derives, or with
@@ -670,8 +677,8 @@ def simulate_trace(args: argparse.Namespace, overrides: dict[str, Any], bulk_thr
     calibration = getattr(args, "calibration", None)
     free_core = getattr(args, "free_core", None)  # None: not given (the default, FREE_CORE)
     if free_core is not None and not calibration:
-        raise ValueError(f"--{'' if free_core else 'no-'}free-core applies to --calibration (the calibrated model "
-                         "of the recording machine)")
+        raise ValueError(f"{free_core_flag(args)} applies to --calibration (the calibrated model of the recording "
+                         "machine)")
     cal = Calibration.load(calibration) if calibration else None
     if cal is not None:
         cal.check_for(world, trace_transports(traces), f"trace {args.trace}")
