@@ -1055,6 +1055,38 @@ def test_a_blocking_call_beside_a_live_collective_takes_its_company(tmp_path):
     assert lat["20"] == lat["10"] == 1e-3
 
 
+def test_an_all_reduce_keeps_company_only_with_a_call_of_a_smaller_group(tmp_path):
+    """W = 2, 3 TWRW's node-local group is the world: the backward's all-gather is called beside DDP's
+    world bucket, of its own group, and takes no company (``COMPANY_LARGER_GROUP_ONLY``); an
+    all-to-all live beside a call of its own group (the next batch's ids beside the forward's
+    node-local all-to-all) still gives its company, and W = 4's pairs still take the bucket's."""
+    from neo_train.topology.trace_input import COMPANY_LARGER_GROUP_ONLY, live_company
+
+    assert COMPANY_LARGER_GROUP_ONLY == ("all_reduce",)
+
+    def world_trace(path: Path, kind: str, ranks: int) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        group = list(range(ranks))
+        for r in group:
+            calls = [_entry(kind, 30, 0, 0, MS // 10, step=0, size=3 * ranks, async_op=True, wait=("wait", 2, MS, MS)),
+                     _entry("all_gather", 20, 1, 0, MS, step=0, size=8)]
+            calls = [dict(e, global_ranks=group, world_size=ranks, in_split=[3] * ranks if kind == "all_to_allv" else [],
+                          out_split=[3] * ranks if kind == "all_to_allv" else []) for e in calls]
+            calls[1].update(in_split=[], out_split=[])
+            (path / f"trace_rank{r}.json").write_text(json.dumps(calls))
+        return path
+
+    def company(path: Path) -> dict:
+        blocks, colls = rank_timelines(load_trace(path))
+        return {pg: v for ((pg, _), _), v in live_company(blocks, colls).items()}
+
+    for ranks in (2, 3):
+        assert company(world_trace(tmp_path / f"bucket{ranks}", "all_reduce", ranks)) == {}
+        assert company(world_trace(tmp_path / f"ids{ranks}", "all_to_allv", ranks)) == {20: ("all_to_allv", ranks)}
+    pairs = company(_four_rank_trace(tmp_path / "pairs", {r: 0 for r in range(4)}))
+    assert pairs == {20: ("all_reduce", 4), 21: ("all_reduce", 4)}
+
+
 def test_each_rank_resumes_at_the_end_plus_its_own_lag(tmp_path):
     """The hand-made trace with a spread of 1 ms per collective: per collective one rank resumes at
     its end and the other after its drawn lag (the same draws for the same seed); every blocking
