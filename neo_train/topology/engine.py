@@ -415,7 +415,10 @@ class Engine:
                     t_mark = math.inf
                     if ib.size:  # add the indirect rates
                         gi = self.bulk[ib]
-                        both = np.union1d(mv, gi)
+                        on = np.zeros(self.rem.size, dtype=bool)  # their union, sorted: a mask, not a sort
+                        on[mv] = True
+                        on[gi] = True
+                        both = np.flatnonzero(on)
                         r2 = np.zeros(both.size)
                         r2[np.searchsorted(both, mv)] = r_mv
                         r2[np.searchsorted(both, gi)] += ix
