@@ -250,7 +250,9 @@ def simulate_command(args: argparse.Namespace) -> int:
     if not args.trace:  # these describe a recorded run; a model's compute comes from its roofline
         given = [flag for flag, v in (("--compute", args.compute), ("--calibration", args.calibration),
                                       ("--warmup-steps", args.warmup_steps is not None)) if v]
-        given += [f for f in (free_core_flag(args),) if f]
+        free_core = free_core_flag(args)
+        if free_core:
+            given.append(free_core)
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --trace only "
                              "(they describe a recorded run)")
