@@ -1087,6 +1087,44 @@ def test_an_all_reduce_keeps_company_only_with_a_call_of_a_smaller_group(tmp_pat
     assert pairs == {20: ("all_reduce", 4), 21: ("all_reduce", 4)}
 
 
+def test_a_call_of_a_smaller_group_counts_half_as_compute_over_a_collective_in_flight(tmp_path):
+    """W = 4 TWRW's backward: DDP's world bucket is in flight over each rank's blocking pair calls
+    (1 ms compute before each block, 1 ms in each call). ``compute_over`` counts the time blocked in
+    a call of a smaller group than the collective's at ``OVER_BLOCKED_SMALLER`` (0.5), beside the
+    compute; a call of its own group not at all; the timeline hands it to the factory as ``_over``."""
+    from neo_train.topology.trace_input import OVER_BLOCKED_SMALLER, compute_over
+
+    assert OVER_BLOCKED_SMALLER == 0.5
+
+    def over(path: Path) -> float:
+        blocks, colls = rank_timelines(load_trace(path))
+        (value,) = [v for ((pg, _), _), v in compute_over(blocks, colls).items() if pg == 30]
+        return value
+
+    # launched before both calls: 3 ms of compute and half of the 2 ms blocked; after one, 2 + 0.5;
+    # after both, the wait's 1 ms alone
+    assert over(_four_rank_trace(tmp_path / "first", {r: 0 for r in range(4)})) == pytest.approx(4e-3)
+    assert over(_four_rank_trace(tmp_path / "middle", {r: 1 for r in range(4)})) == pytest.approx(2.5e-3)
+    assert over(_four_rank_trace(tmp_path / "last", {r: 2 for r in range(4)})) == pytest.approx(1e-3)
+    # the all-gather made a world call: the bucket's own group, not counted
+    world = _four_rank_trace(tmp_path / "world", {r: 0 for r in range(4)})
+    for f in world.glob("trace_rank*.json"):
+        es = json.loads(f.read_text())
+        for e in es:
+            if e["comms"] == "all_gather":
+                e.update(pg_id=40, global_ranks=[0, 1, 2, 3])
+        f.write_text(json.dumps(es))
+    assert over(world) == pytest.approx(3.5e-3)
+    seen = {}
+
+    def factory(kind, group, by_rank, name, after):
+        seen[name.split(":")[2]] = by_rank[min(by_rank)].get("_over")
+        return None
+
+    timeline_phases(load_trace(tmp_path / "first"), factory)
+    assert seen["30"] == pytest.approx(4e-3)
+
+
 def test_each_rank_resumes_at_the_end_plus_its_own_lag(tmp_path):
     """The hand-made trace with a spread of 1 ms per collective: per collective one rank resumes at
     its end and the other after its drawn lag (the same draws for the same seed); every blocking
