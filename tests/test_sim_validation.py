@@ -1115,6 +1115,15 @@ def test_a_call_of_a_smaller_group_counts_half_as_compute_over_a_collective_in_f
                 e.update(pg_id=40, global_ranks=[0, 1, 2, 3])
         f.write_text(json.dumps(es))
     assert over(world) == pytest.approx(3.5e-3)
+    # a one-rank call (the rank's own copy) after the launch: no transport, not counted
+    own = _four_rank_trace(tmp_path / "own", {r: 0 for r in range(4)})
+    for r, f in enumerate(sorted(own.glob("trace_rank*.json"))):
+        es = json.loads(f.read_text())
+        copy = dict(_entry("all_gather", 50 + r, 0, 0, MS, step=0, size=8), global_ranks=[r], world_size=4)
+        es = [dict(e, order=i) for i, e in enumerate(es[:1] + [copy] + es[1:])]
+        es[0]["wait_order"] = len(es)
+        f.write_text(json.dumps(es))
+    assert over(own) == pytest.approx(4e-3)
     seen = {}
 
     def factory(kind, group, by_rank, name, after):

@@ -746,7 +746,8 @@ OVER_BLOCKED_SMALLER = 0.5
 """The share of a rank's time blocked in a call of a smaller group than an asynchronous
 collective's, made between its launch and its join, that counts as compute over it
 (``compute_over``): the call's transport threads take a core as the rank's compute would, about
-half of it (``trace_sim.BLOCKED_IDLE``). W = 4 TWRW's DDP bucket (world) is in flight over each
+half of it (``trace_sim.BLOCKED_IDLE``). A one-rank call (a rank's own copy) has no transport and
+does not count. W = 4 TWRW's DDP bucket (world) is in flight over each
 rank's two blocking pair calls (the cross-node all-to-all and the node-local all-gather of the
 embedding backward). Counted as nothing, the bucket came out 17.7 % (pipelined) and 14.3 % (plain)
 short on average over the thirteen kept AMD runs FA–FM, one miss (FM, −27.5 %); at this share, −3.0
@@ -760,8 +761,8 @@ def compute_over(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Ma
                  ) -> dict[tuple, float]:
     """{key: seconds} for the asynchronous collectives something joined (a wait, or the backward's
     end): the compute between the launch and that join (before each block in between and before
-    the join), with ``OVER_BLOCKED_SMALLER`` of the time blocked in calls of a smaller group in
-    between, the mean over its ranks. The longer the ranks compute over it, the later it ends
+    the join), with ``OVER_BLOCKED_SMALLER`` of the time blocked in calls of a smaller group (of
+    two ranks or more) in between, the mean over its ranks. The longer the ranks compute over it, the later it ends
     (``Calibration.latency``'s ``over_s``). A group's size is its matched ranks in ``colls``, or
     without them the ranks its key names."""
     def size(key: tuple) -> int:
@@ -778,7 +779,7 @@ def compute_over(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Ma
             elif b.kind == "call":  # a blocking call: the open launches of larger groups count a share of it
                 g = size(b.colls[0])
                 for k in at_launch:
-                    if size(k) > g:
+                    if 2 <= g < size(k):  # a one-rank call is the rank's own copy: no transport
                         beside[k] += OVER_BLOCKED_SMALLER * b.blocked
             elif b.kind == "wait":
                 for k in b.colls:
