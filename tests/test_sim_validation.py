@@ -938,11 +938,11 @@ def test_an_asynchronous_collective_computed_over_longer_than_the_calibration_la
     from neo_train.topology.trace_input import compute_over
 
     traces = load_trace(_hand_trace(tmp_path / "tr"))
-    blocks, _ = rank_timelines(traces)
+    blocks, colls = rank_timelines(traces)
     a2a, ar = ((0, (0, 1)), (1, (0, 1)))
     # the async a2a: rank 0 computes 2 ms before its wait, rank 1 0.5 ms; the all-reduce 0.5 ms
     # before the backward's end on both; the blocking calls have none
-    assert compute_over(blocks) == pytest.approx({(a2a, 1): 1.25e-3, (ar, 0): 0.5e-3})
+    assert compute_over(blocks, colls) == pytest.approx({(a2a, 1): 1.25e-3, (ar, 0): 0.5e-3})
     cal = _cal()
     cal.async_kinds = dict(cal.kinds)
     plain = simulate(timeline_phases(traces, calibrated_collectives(cal)).phases, cal.network())

@@ -747,39 +747,35 @@ OVER_BLOCKED_SMALLER = 0.5
 collective's, made between its launch and its join, that counts as compute over it
 (``compute_over``): the call's transport threads take a core as the rank's compute would, about
 half of it (``trace_sim.BLOCKED_IDLE``). A one-rank call (a rank's own copy) has no transport and
-does not count. W = 4 TWRW's DDP bucket (world) is in flight over each
-rank's two blocking pair calls (the cross-node all-to-all and the node-local all-gather of the
-embedding backward). Counted as nothing, the bucket came out 17.7 % (pipelined) and 14.3 % (plain)
-short on average over the thirteen kept AMD runs FA–FM, one miss (FM, −27.5 %); at this share, −3.0
-and +0.6 %, none; in full (1.0), +11.7 and +15.2 %, two misses. A call of the collective's own group
-is not counted: at W = 3 TWRW's node-local all-gather is a world call beside the world bucket, and
-counted at this share the bucket went from within the goal to +13 % (pipelined) and +25 % (plain)
-on FM (notes/sim_validation.md, "2026-11-29, session 35")."""
+does not count. W = 4 TWRW's DDP bucket (world) is in flight over each rank's two blocking pair
+calls (the cross-node all-to-all and the node-local all-gather of the embedding backward). Counted
+as nothing, the bucket came out 17.7 % (pipelined) and 14.3 % (plain) short on average over the
+thirteen kept AMD runs FA–FM, one miss (FM, −27.5 %); at this share, −3.0 and +0.6 %, none; in full
+(1.0), +11.7 and +15.2 %, two misses. A call of the collective's own group is not counted: at W = 3
+TWRW's node-local all-gather is a world call beside the world bucket, and counted at this share the
+bucket went from within the goal to +13 % (pipelined) and +25 % (plain) on FM
+(notes/sim_validation.md, "2026-11-29, session 35")."""
 
 
-def compute_over(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]] | None = None
+def compute_over(blocks: Mapping[int, Sequence[Block]], colls: Mapping[tuple, Mapping[int, dict]]
                  ) -> dict[tuple, float]:
     """{key: seconds} for the asynchronous collectives something joined (a wait, or the backward's
     end): the compute between the launch and that join (before each block in between and before
-    the join), with ``OVER_BLOCKED_SMALLER`` of the time blocked in calls of a smaller group (of
-    two ranks or more) in between, the mean over its ranks. The longer the ranks compute over it, the later it ends
-    (``Calibration.latency``'s ``over_s``). A group's size is its matched ranks in ``colls``, or
-    without them the ranks its key names."""
-    def size(key: tuple) -> int:
-        return len(colls[key]) if colls is not None and key in colls else len(key[0][1])
-
+    the join), with ``OVER_BLOCKED_SMALLER`` of the time blocked in calls of a smaller group (of two
+    ranks or more, by their matched ranks in ``colls``) in between, the mean over its ranks. The
+    longer the ranks compute over it, the later it ends (``Calibration.latency``'s ``over_s``)."""
     seen: dict[tuple, list[float]] = {}
     for mine in blocks.values():
-        computed, at_launch, beside = 0.0, {}, {}  # the rank's compute so far; at each open launch's end
+        computed, at_launch, beside = 0.0, {}, {}  # compute so far; at each open launch; its blocked share
         for b in mine:
             computed += b.compute
             if b.kind == "call" and not b.sync:
                 at_launch[b.colls[0]] = computed
                 beside[b.colls[0]] = 0.0
             elif b.kind == "call":  # a blocking call: the open launches of larger groups count a share of it
-                g = size(b.colls[0])
+                g = len(colls[b.colls[0]])
                 for k in at_launch:
-                    if 2 <= g < size(k):  # a one-rank call is the rank's own copy: no transport
+                    if 2 <= g < len(colls[k]):  # a one-rank call is the rank's own copy: no transport
                         beside[k] += OVER_BLOCKED_SMALLER * b.blocked
             elif b.kind == "wait":
                 for k in b.colls:

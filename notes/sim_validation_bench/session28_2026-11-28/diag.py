@@ -25,8 +25,8 @@ for d in sorted(run.iterdir()):
     tl, res, n = ts.simulate_calibrated(traces, cal)
     end = {p.name: p.end for p in res.phases}; start = {p.name: p.start for p in res.phases}
     from neo_train.topology.trace_input import rank_timelines, concurrent_collectives, compute_over
-    blocks, _ = rank_timelines(traces)
-    CONC = concurrent_collectives(blocks); OVER = compute_over(blocks)
+    blocks, colls = rank_timelines(traces)
+    CONC = concurrent_collectives(blocks); OVER = compute_over(blocks, colls)
     IDLE = ts.idle_shares(tl, res, ts.BLOCKED_IDLE if cal.core_per_rank else 0.0)
     rows = []
     for key, by_rank in tl.colls.items():
